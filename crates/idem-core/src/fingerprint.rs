@@ -1,0 +1,334 @@
+//! The request fingerprint: what makes two requests with one key "the same request".
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::canonical_json::{JsonError, canonical_json};
+
+/// The parts of a request that a fingerprint covers (SPEC §2).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestParts<'a> {
+    /// The account the request is scoped to: the same key and body from two accounts are two
+    /// different requests.
+    pub account: &'a str,
+    /// The HTTP method, as sent (`POST`).
+    pub method: &'a str,
+    /// The path (`/payments`).
+    pub route: &'a str,
+    /// The raw query string without `?`, or empty.
+    pub query: &'a str,
+    /// The `Content-Type` field value, or empty.
+    pub content_type: &'a str,
+    /// The request body.
+    pub body: &'a [u8],
+}
+
+/// SHA-256 over a request's method, route, query, content type, account and canonical body.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// Computes the fingerprint. JSON bodies (`application/json` or any `+json` type) are
+    /// canonicalised first; other bodies count byte for byte.
+    ///
+    /// ```
+    /// use idem_core::{Fingerprint, RequestParts};
+    /// let parts = |body: &'static str| RequestParts {
+    ///     account: "acct_1", method: "POST", route: "/payments", query: "",
+    ///     content_type: "application/json", body: body.as_bytes(),
+    /// };
+    /// assert_eq!(
+    ///     Fingerprint::compute(&parts(r#"{"a":1,"b":2}"#))?,
+    ///     Fingerprint::compute(&parts(r#"{ "b": 2, "a": 1 }"#))?,
+    /// );
+    /// assert_ne!(
+    ///     Fingerprint::compute(&parts(r#"{"a":1}"#))?,
+    ///     Fingerprint::compute(&parts(r#"{"a":2}"#))?,
+    /// );
+    /// # Ok::<(), idem_core::JsonError>(())
+    /// ```
+    pub fn compute(parts: &RequestParts<'_>) -> Result<Self, JsonError> {
+        let content_type = normalize_content_type(parts.content_type);
+        let canonical;
+        let body = if is_json(&content_type) && !parts.body.is_empty() {
+            canonical = canonical_json(parts.body)?;
+            &canonical[..]
+        } else {
+            parts.body
+        };
+        let mut hash = Sha256::new();
+        // Length-prefixed fields: no two different requests can concatenate to the same bytes.
+        for field in [
+            b"idem-fingerprint-v1".as_slice(),
+            parts.account.as_bytes(),
+            parts.method.as_bytes(),
+            parts.route.as_bytes(),
+            parts.query.as_bytes(),
+            content_type.as_bytes(),
+            body,
+        ] {
+            hash.update((field.len() as u64).to_be_bytes());
+            hash.update(field);
+        }
+        Ok(Self(hash.finalize().into()))
+    }
+
+    /// Rebuilds a fingerprint read back from a store.
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The 32 bytes, for storing.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl TryFrom<&[u8]> for Fingerprint {
+    type Error = std::array::TryFromSliceError;
+    fn try_from(bytes: &[u8]) -> Result<Self, Self::Error> {
+        Ok(Self(bytes.try_into()?))
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", hex::encode(&self.0[..8]))
+    }
+}
+
+/// Media types are case-insensitive and parameters are separated by optional whitespace; the
+/// fingerprint should not change with either.
+fn normalize_content_type(value: &str) -> String {
+    value
+        .split(';')
+        .map(|part| part.trim().to_ascii_lowercase())
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("");
+    essence == "application/json" || essence.ends_with("+json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Map, Value};
+
+    fn parts<'a>(body: &'a [u8]) -> RequestParts<'a> {
+        RequestParts {
+            account: "acct_a",
+            method: "POST",
+            route: "/payments",
+            query: "",
+            content_type: "application/json",
+            body,
+        }
+    }
+
+    fn fp(p: &RequestParts<'_>) -> Fingerprint {
+        Fingerprint::compute(p).unwrap()
+    }
+
+    #[test]
+    fn content_type_case_and_spacing_do_not_matter() {
+        let a = RequestParts {
+            content_type: "application/json; charset=utf-8",
+            ..parts(b"{}")
+        };
+        let b = RequestParts {
+            content_type: "Application/JSON;charset=UTF-8",
+            ..parts(b"{}")
+        };
+        assert_eq!(fp(&a), fp(&b));
+    }
+
+    #[test]
+    fn non_json_bodies_count_byte_for_byte() {
+        let a = RequestParts {
+            content_type: "text/plain",
+            ..parts(b"{\"a\":1}")
+        };
+        let b = RequestParts {
+            content_type: "text/plain",
+            ..parts(b"{ \"a\":1}")
+        };
+        assert_ne!(fp(&a), fp(&b));
+        // ... and are never parsed, so invalid JSON is fine there.
+        assert!(
+            Fingerprint::compute(&RequestParts {
+                content_type: "text/plain",
+                ..parts(b"{")
+            })
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn json_duplicates_are_refused() {
+        assert!(matches!(
+            Fingerprint::compute(&parts(br#"{"amount":1,"amount":2}"#)),
+            Err(JsonError::DuplicateMember { .. })
+        ));
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            "[a-z\"\\\\\u{0}-\u{1f}é😀]{0,8}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z]{1,4}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>())),
+            ]
+        })
+    }
+
+    /// Writes `value` with members in a shuffled order and random whitespace, as a different
+    /// client library would.
+    fn next(seed: &mut u64) -> usize {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (*seed >> 33) as usize
+    }
+
+    fn write_scrambled(value: &Value, seed: &mut u64, out: &mut String) {
+        let ws = [" ", "", "\n", "\t ", "\r\n"];
+        out.push_str(ws[next(seed) % ws.len()]);
+        match value {
+            Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write_scrambled(item, seed, out);
+                }
+                out.push(']');
+            }
+            Value::Object(members) => {
+                let mut members: Vec<_> = members.iter().collect();
+                for i in (1..members.len()).rev() {
+                    members.swap(i, next(seed) % (i + 1));
+                }
+                out.push('{');
+                for (i, (name, v)) in members.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    // Escape some names with \u so the string form varies too.
+                    if name.len() % 2 == 0 {
+                        out.push('"');
+                        for c in name.chars() {
+                            out.push_str(&format!("\\u{:04x}", c as u32));
+                        }
+                        out.push('"');
+                    } else {
+                        out.push_str(&serde_json::to_string(name).unwrap());
+                    }
+                    out.push_str(" : ");
+                    write_scrambled(v, seed, out);
+                }
+                out.push('}');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+        out.push_str(ws[next(seed) % ws.len()]);
+    }
+
+    fn count_leaves(value: &Value) -> usize {
+        match value {
+            Value::Array(items) => items.iter().map(count_leaves).sum(),
+            Value::Object(members) => members.values().map(count_leaves).sum(),
+            _ => 1,
+        }
+    }
+
+    /// Changes one leaf of `value` (chosen by `pick`), returning whether a leaf was changed.
+    fn mutate(value: &mut Value, pick: &mut usize) -> bool {
+        match value {
+            Value::Array(items) => items.iter_mut().any(|v| mutate(v, pick)),
+            Value::Object(members) => members.values_mut().any(|v| mutate(v, pick)),
+            leaf => {
+                if *pick > 0 {
+                    *pick -= 1;
+                    return false;
+                }
+                *leaf = match leaf {
+                    Value::Null => Value::Bool(false),
+                    Value::Bool(b) => Value::Bool(!*b),
+                    Value::Number(n) => Value::String(n.to_string()),
+                    Value::String(s) => Value::String(format!("{s}x")),
+                    _ => unreachable!(),
+                };
+                true
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn reordering_and_whitespace_never_change_it(value in json_value(), seed in any::<u64>()) {
+            let plain = value.to_string();
+            let mut scrambled = String::new();
+            write_scrambled(&value, &mut seed.clone(), &mut scrambled);
+            prop_assert_eq!(fp(&parts(plain.as_bytes())), fp(&parts(scrambled.as_bytes())));
+        }
+
+        #[test]
+        fn changing_any_value_always_changes_it(value in json_value(), pick in 0usize..64) {
+            let leaves = count_leaves(&value);
+            prop_assume!(leaves > 0);
+            let mut changed = value.clone();
+            prop_assert!(mutate(&mut changed, &mut (pick % leaves)));
+            prop_assert_ne!(
+                fp(&parts(value.to_string().as_bytes())),
+                fp(&parts(changed.to_string().as_bytes()))
+            );
+        }
+
+        #[test]
+        fn method_route_query_and_account_always_change_it(
+            value in json_value(),
+            method in "(POST|PATCH|PUT)",
+            route in "/[a-z]{1,8}",
+            query in "[a-z=&]{0,8}",
+            account in "acct_[a-z0-9]{1,8}",
+        ) {
+            let body = value.to_string();
+            let base = parts(body.as_bytes());
+            let base_fp = fp(&base);
+            if method != base.method {
+                prop_assert_ne!(fp(&RequestParts { method: &method, ..base }), base_fp);
+            }
+            if route != base.route {
+                prop_assert_ne!(fp(&RequestParts { route: &route, ..base }), base_fp);
+            }
+            if !query.is_empty() {
+                prop_assert_ne!(fp(&RequestParts { query: &query, ..base }), base_fp);
+            }
+            if account != base.account {
+                prop_assert_ne!(fp(&RequestParts { account: &account, ..base }), base_fp);
+            }
+        }
+    }
+}

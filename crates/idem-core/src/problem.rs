@@ -1,0 +1,97 @@
+//! The problem types of SPEC §2, each with a stable `type` URI (RFC 9457).
+
+use serde::Serialize;
+
+/// Every way the contract can refuse or defer a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// `400`: a covered request came without a key.
+    MissingKey,
+    /// `400`: the key is malformed.
+    MalformedKey,
+    /// `400`: the body could not be fingerprinted (invalid JSON, a duplicate member).
+    MalformedBody,
+    /// `422`: the key was used for a different request.
+    Mismatch,
+    /// `409`: the key's original request is still running.
+    InUse,
+    /// `409`: the key's original request ended in an unknown state and needs reconciling.
+    OutcomeUnknown,
+    /// `413`: the body is over the limit.
+    BodyTooLarge,
+    /// `503`: the record store cannot be reached; the request was not processed.
+    StoreUnavailable,
+}
+
+impl ProblemKind {
+    /// The stable `type` URI.
+    pub fn type_uri(self) -> &'static str {
+        match self {
+            Self::MissingKey => "urn:idem:problem:missing-key",
+            Self::MalformedKey => "urn:idem:problem:malformed-key",
+            Self::MalformedBody => "urn:idem:problem:malformed-body",
+            Self::Mismatch => "urn:idem:problem:mismatch",
+            Self::InUse => "urn:idem:problem:in-use",
+            Self::OutcomeUnknown => "urn:idem:problem:outcome-unknown",
+            Self::BodyTooLarge => "urn:idem:problem:body-too-large",
+            Self::StoreUnavailable => "urn:idem:problem:store-unavailable",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(self) -> u16 {
+        match self {
+            Self::MissingKey | Self::MalformedKey | Self::MalformedBody => 400,
+            Self::Mismatch => 422,
+            Self::InUse | Self::OutcomeUnknown => 409,
+            Self::BodyTooLarge => 413,
+            Self::StoreUnavailable => 503,
+        }
+    }
+
+    /// A short summary that does not change from occurrence to occurrence.
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::MissingKey => "Idempotency-Key is missing",
+            Self::MalformedKey => "Idempotency-Key is malformed",
+            Self::MalformedBody => "The request body is malformed",
+            Self::Mismatch => "Idempotency-Key was used for a different request",
+            Self::InUse => "A request with this Idempotency-Key is in progress",
+            Self::OutcomeUnknown => "The outcome of this Idempotency-Key's request is being reconciled",
+            Self::BodyTooLarge => "The request body is too large",
+            Self::StoreUnavailable => "The idempotency store is unavailable",
+        }
+    }
+
+    /// A problem-details document for this kind with `detail`.
+    pub fn with_detail(self, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind: self.type_uri(),
+            title: self.title(),
+            status: self.status(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// An RFC 9457 problem-details document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// The problem type URI.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Its summary.
+    pub title: &'static str,
+    /// The HTTP status.
+    pub status: u16,
+    /// What happened this time.
+    pub detail: String,
+}
+
+impl Problem {
+    /// The JSON body (`application/problem+json`).
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a Problem always serialises")
+    }
+}

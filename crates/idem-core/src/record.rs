@@ -1,0 +1,222 @@
+//! Records and their state machine, and the one decision every request goes through.
+//!
+//! ```text
+//!            claim                     complete (token matches)
+//!   (none) ────────▶ InProgress ─────────────────────────────▶ Completed
+//!     ▲                 │  │                                        │
+//!     │     release     │  │ lease runs out: taken over             │ retention ends
+//!     └─────────────────┘  └──▶ InProgress (new token)              ▼
+//!     ▲                                                          Expired ─▶ claimed anew
+//!     └──────────────────────────── sweeper deletes ◀───────────────┘
+//! ```
+//!
+//! In transaction mode the `InProgress` row never commits: other transactions see no row, or a
+//! `Completed` one.
+
+use std::time::Duration;
+
+use crate::{Fingerprint, Scope, Timestamp};
+
+/// Identifies one claim of a key. Only the holder of the current token may store an outcome,
+/// so a worker that lost its lease (paused, partitioned) cannot overwrite its successor's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken(pub i64);
+
+/// A response kept for replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// The allow-listed headers, in order, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The body bytes (empty when omitted).
+    pub body: Vec<u8>,
+    /// The body was larger than the storage cap and was not kept.
+    pub body_omitted: bool,
+}
+
+/// Where a record stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordState {
+    /// Claimed; the outcome is not known yet.
+    InProgress {
+        /// Until when the claim holds without renewal.
+        lease_until: Timestamp,
+        /// The current claim.
+        token: FencingToken,
+    },
+    /// Finished; replays return this.
+    Completed(StoredResponse),
+}
+
+/// One key's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// (account, key).
+    pub scope: Scope,
+    /// The fingerprint of the request that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// Where it stands.
+    pub state: RecordState,
+    /// When it was claimed.
+    pub created_at: Timestamp,
+    /// When the key may be used afresh (created_at + retention).
+    pub expires_at: Timestamp,
+}
+
+/// What to do with a request, given the record its key names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision<'a> {
+    /// No record: claim the key and do the work.
+    Fresh,
+    /// A record past its retention: the key is new again.
+    Expired,
+    /// The same request finished before: answer with its response.
+    Replay(&'a StoredResponse),
+    /// The same key with a different request: `422`.
+    Mismatch,
+    /// The same request is still running: `409`, or wait.
+    InFlight {
+        /// How long until its lease runs out, rounded up to whole seconds, at least one.
+        retry_after: Duration,
+    },
+    /// The same request was claimed but its lease ran out (its worker crashed or stalled): the
+    /// outcome is unknown until it is taken over or reconciled.
+    LeaseExpired {
+        /// The stale claim's token.
+        token: FencingToken,
+    },
+}
+
+impl Decision<'_> {
+    /// Whether a store may (atomically) replace the record with a new claim.
+    pub fn allows_claim(&self) -> bool {
+        matches!(self, Decision::Fresh | Decision::Expired)
+    }
+}
+
+/// The decision for a request with `fingerprint` at `now`, given the record its scope names.
+///
+/// Expiry comes first (an expired key is new whatever it held), then the fingerprint (a
+/// different request is a mismatch even while the original runs), then the state.
+///
+/// ```
+/// use idem_core::{decide, Decision, Fingerprint, RequestParts};
+/// let fp = Fingerprint::compute(&RequestParts {
+///     account: "a", method: "POST", route: "/p", query: "", content_type: "", body: b"",
+/// })?;
+/// assert_eq!(decide(None, &fp, idem_core::Timestamp(0)), Decision::Fresh);
+/// # Ok::<(), idem_core::JsonError>(())
+/// ```
+pub fn decide<'a>(
+    existing: Option<&'a Record>,
+    fingerprint: &Fingerprint,
+    now: Timestamp,
+) -> Decision<'a> {
+    let Some(record) = existing else {
+        return Decision::Fresh;
+    };
+    let live_lease = matches!(record.state, RecordState::InProgress { lease_until, .. } if lease_until > now);
+    if record.expires_at <= now && !live_lease {
+        return Decision::Expired;
+    }
+    if record.fingerprint != *fingerprint {
+        return Decision::Mismatch;
+    }
+    match &record.state {
+        RecordState::Completed(response) => Decision::Replay(response),
+        RecordState::InProgress { lease_until, .. } if *lease_until > now => {
+            let wait = now.until(*lease_until);
+            Decision::InFlight {
+                retry_after: Duration::from_secs(wait.as_millis().div_ceil(1000).max(1) as u64),
+            }
+        }
+        RecordState::InProgress { token, .. } => Decision::LeaseExpired { token: *token },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AccountId, IdempotencyKey, KeyLimits, RequestParts};
+
+    fn fp(body: &str) -> Fingerprint {
+        Fingerprint::compute(&RequestParts {
+            account: "a",
+            method: "POST",
+            route: "/p",
+            query: "",
+            content_type: "application/json",
+            body: body.as_bytes(),
+        })
+        .unwrap()
+    }
+
+    fn record(state: RecordState) -> Record {
+        Record {
+            scope: Scope::new(
+                AccountId::new("a"),
+                IdempotencyKey::new("key-0001", KeyLimits::default()).unwrap(),
+            ),
+            fingerprint: fp("1"),
+            state,
+            created_at: Timestamp(0),
+            expires_at: Timestamp(100_000),
+        }
+    }
+
+    fn done() -> RecordState {
+        RecordState::Completed(StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: b"{}".to_vec(),
+            body_omitted: false,
+        })
+    }
+
+    fn running(lease_until: i64) -> RecordState {
+        RecordState::InProgress {
+            lease_until: Timestamp(lease_until),
+            token: FencingToken(7),
+        }
+    }
+
+    #[test]
+    fn each_outcome() {
+        let completed = record(done());
+        assert!(matches!(
+            decide(Some(&completed), &fp("1"), Timestamp(5)),
+            Decision::Replay(r) if r.status == 201
+        ));
+        assert_eq!(decide(Some(&completed), &fp("2"), Timestamp(5)), Decision::Mismatch);
+        assert_eq!(
+            decide(Some(&completed), &fp("2"), Timestamp(100_000)),
+            Decision::Expired
+        );
+        let in_flight = record(running(2_500));
+        assert_eq!(
+            decide(Some(&in_flight), &fp("1"), Timestamp(1_000)),
+            Decision::InFlight {
+                retry_after: Duration::from_secs(2)
+            }
+        );
+        assert_eq!(decide(Some(&in_flight), &fp("2"), Timestamp(1_000)), Decision::Mismatch);
+        assert_eq!(
+            decide(Some(&in_flight), &fp("1"), Timestamp(2_500)),
+            Decision::LeaseExpired {
+                token: FencingToken(7)
+            }
+        );
+    }
+
+    #[test]
+    fn a_live_lease_outlasts_retention() {
+        // A claim still running when retention ends must not be handed to a second worker.
+        let mut r = record(running(200_000));
+        r.expires_at = Timestamp(100_000);
+        assert!(matches!(
+            decide(Some(&r), &fp("1"), Timestamp(150_000)),
+            Decision::InFlight { .. }
+        ));
+    }
+}
