@@ -253,7 +253,9 @@ impl<'a> Parser<'a> {
                 }
                 Some(b'\\') => {
                     self.pos += 1;
-                    let escaped = self.peek().ok_or_else(|| self.error("unterminated escape"))?;
+                    let escaped = self
+                        .peek()
+                        .ok_or_else(|| self.error("unterminated escape"))?;
                     self.pos += 1;
                     let c = match escaped {
                         b'"' => '"',
@@ -404,13 +406,23 @@ mod tests {
             canon(r#"{"a":1,"a":1}"#).unwrap_err(),
             JsonError::DuplicateMember { name: "a".into() }
         );
-        assert_eq!(
-            canon(&"[".repeat(10_000)).unwrap_err(),
-            JsonError::TooDeep
-        );
+        assert_eq!(canon(&"[".repeat(10_000)).unwrap_err(), JsonError::TooDeep);
         for bad in [
-            "", "NaN", "01", "1.", "-", "1e", "\"\\x\"", "\"\\ud800\"", "{\"a\"}", "[1,]",
-            "{\"a\":1,}", "\u{feff}{}", "\"a\u{1}\"", "[1] 2", "tru",
+            "",
+            "NaN",
+            "01",
+            "1.",
+            "-",
+            "1e",
+            "\"\\x\"",
+            "\"\\ud800\"",
+            "{\"a\"}",
+            "[1,]",
+            "{\"a\":1,}",
+            "\u{feff}{}",
+            "\"a\u{1}\"",
+            "[1] 2",
+            "tru",
         ] {
             assert!(
                 matches!(canon(bad), Err(JsonError::Syntax { .. })),

@@ -86,7 +86,10 @@ impl Policy {
         }
         name == "content-type"
             || name == "location"
-            || self.stored_headers.iter().any(|h| h.eq_ignore_ascii_case(&name))
+            || self
+                .stored_headers
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(&name))
     }
 
     /// The rules as published at `GET /idempotency-policy`.

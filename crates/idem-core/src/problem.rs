@@ -58,7 +58,9 @@ impl ProblemKind {
             Self::MalformedBody => "The request body is malformed",
             Self::Mismatch => "Idempotency-Key was used for a different request",
             Self::InUse => "A request with this Idempotency-Key is in progress",
-            Self::OutcomeUnknown => "The outcome of this Idempotency-Key's request is being reconciled",
+            Self::OutcomeUnknown => {
+                "The outcome of this Idempotency-Key's request is being reconciled"
+            }
             Self::BodyTooLarge => "The request body is too large",
             Self::StoreUnavailable => "The idempotency store is unavailable",
         }

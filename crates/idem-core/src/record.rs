@@ -116,7 +116,8 @@ pub fn decide<'a>(
     let Some(record) = existing else {
         return Decision::Fresh;
     };
-    let live_lease = matches!(record.state, RecordState::InProgress { lease_until, .. } if lease_until > now);
+    let live_lease =
+        matches!(record.state, RecordState::InProgress { lease_until, .. } if lease_until > now);
     if record.expires_at <= now && !live_lease {
         return Decision::Expired;
     }
@@ -188,7 +189,10 @@ mod tests {
             decide(Some(&completed), &fp("1"), Timestamp(5)),
             Decision::Replay(r) if r.status == 201
         ));
-        assert_eq!(decide(Some(&completed), &fp("2"), Timestamp(5)), Decision::Mismatch);
+        assert_eq!(
+            decide(Some(&completed), &fp("2"), Timestamp(5)),
+            Decision::Mismatch
+        );
         assert_eq!(
             decide(Some(&completed), &fp("2"), Timestamp(100_000)),
             Decision::Expired
@@ -200,7 +204,10 @@ mod tests {
                 retry_after: Duration::from_secs(2)
             }
         );
-        assert_eq!(decide(Some(&in_flight), &fp("2"), Timestamp(1_000)), Decision::Mismatch);
+        assert_eq!(
+            decide(Some(&in_flight), &fp("2"), Timestamp(1_000)),
+            Decision::Mismatch
+        );
         assert_eq!(
             decide(Some(&in_flight), &fp("1"), Timestamp(2_500)),
             Decision::LeaseExpired {

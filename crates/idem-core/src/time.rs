@@ -11,7 +11,10 @@ pub struct Timestamp(pub i64);
 impl Timestamp {
     /// This instant plus `d` (saturating).
     pub fn plus(self, d: Duration) -> Self {
-        Self(self.0.saturating_add(d.as_millis().min(i64::MAX as u128) as i64))
+        Self(
+            self.0
+                .saturating_add(d.as_millis().min(i64::MAX as u128) as i64),
+        )
     }
 
     /// Time from `self` until `later`, zero when `later` is not later.

@@ -1,1 +1,193 @@
-//! x
+//! Where idem keeps its records.
+//!
+//! Every backend implements [`Store`], whose [`Store::claim`] is one atomic insert-if-absent:
+//! of any number of concurrent claims of a key, exactly one wins. Backends whose business
+//! writes can share the key's transaction also implement [`TransactionalStore`] (SPEC §3,
+//! transaction mode). One conformance suite ([`conformance`], feature `conformance`) runs
+//! against every backend.
+//!
+//! Backends: [`SqliteStore`] (feature `sqlite`, the embedded default).
+//!
+//! ```
+//! use idem_core::*;
+//! use idem_store::{ClaimOutcome, NewClaim, SqliteStore, Store};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("idem.db")).await?;
+//!
+//! let scope = Scope::new(AccountId::new("acct_1"), IdempotencyKey::parse(b"order-0001", KeyLimits::default())?);
+//! let fingerprint = Fingerprint::compute(&RequestParts {
+//!     account: "acct_1", method: "POST", route: "/orders", query: "",
+//!     content_type: "application/json", body: br#"{"sku":"A1"}"#,
+//! })?;
+//! let now = Timestamp(1_700_000_000_000);
+//! let claim = NewClaim::new(scope.clone(), fingerprint, FencingToken(1), now, &Policy::default());
+//!
+//! assert!(matches!(store.claim(&claim).await?, ClaimOutcome::Claimed));
+//! // A second claim of the same key finds the first one in progress.
+//! assert!(matches!(store.claim(&claim).await?, ClaimOutcome::Existing(_)));
+//!
+//! let response = StoredResponse { status: 201, headers: vec![], body: b"{}".to_vec(), body_omitted: false };
+//! assert!(store.complete(&scope, FencingToken(1), &response).await?);
+//! let record = store.get(&scope).await?.unwrap();
+//! assert_eq!(decide(Some(&record), &fingerprint, now), Decision::Replay(&response));
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::time::Duration;
+
+use idem_core::{FencingToken, Fingerprint, Policy, Record, Scope, StoredResponse, Timestamp};
+
+mod error;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use error::{Error, Result};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteStore, SqliteTx};
+
+/// A request to claim a key.
+#[derive(Debug, Clone)]
+pub struct NewClaim {
+    /// The key and its account.
+    pub scope: Scope,
+    /// The claiming request's fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The token this claim will hold.
+    pub token: FencingToken,
+    /// The time of the claim.
+    pub now: Timestamp,
+    /// Until when the claim holds without renewal.
+    pub lease_until: Timestamp,
+    /// When the record's retention ends.
+    pub expires_at: Timestamp,
+    /// Whether a record of the same request whose lease ran out may be taken over. Lease-mode
+    /// callers that pass the key downstream may; callers that must reconcile first may not.
+    pub take_over_expired_lease: bool,
+}
+
+impl NewClaim {
+    /// A claim at `now` with the policy's lease and retention, taking over expired leases.
+    pub fn new(
+        scope: Scope,
+        fingerprint: Fingerprint,
+        token: FencingToken,
+        now: Timestamp,
+        policy: &Policy,
+    ) -> Self {
+        Self {
+            scope,
+            fingerprint,
+            token,
+            now,
+            lease_until: now.plus(policy.lease),
+            expires_at: now.plus(policy.retention),
+            take_over_expired_lease: true,
+        }
+    }
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The key is ours: a new in-progress record holds the claim's token.
+    Claimed,
+    /// A record that the claim may not replace (see [`idem_core::decide`] for what it means).
+    Existing(Record),
+}
+
+/// A record store, atomic by contract.
+pub trait Store: Clone + Send + Sync + 'static {
+    /// Reads the record `scope` names, if any. Never blocks on a concurrent claim.
+    fn get(&self, scope: &Scope) -> impl Future<Output = Result<Option<Record>>> + Send;
+
+    /// Claims a key (lease mode): one atomic insert-if-absent that also replaces a record past
+    /// its retention and, if allowed, a stale claim of the same request whose lease ran out.
+    /// Otherwise returns the record that holds the key.
+    fn claim(&self, claim: &NewClaim) -> impl Future<Output = Result<ClaimOutcome>> + Send;
+
+    /// Stores the outcome of the claim holding `token`. Returns `false`, storing nothing, when
+    /// that claim no longer holds the key (it was taken over or released).
+    fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Extends the lease of the claim holding `token`; `false` if it no longer holds the key.
+    fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Deletes the in-progress record of the claim holding `token`, so the next request runs
+    /// fresh (nothing happened). `false` if it no longer holds the key.
+    fn release(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Deletes at most `batch` records past their retention (and not held by a live lease) in
+    /// one statement; returns how many. Safe to run from every instance at once.
+    fn sweep(&self, now: Timestamp, batch: u32) -> impl Future<Output = Result<u64>> + Send;
+}
+
+/// A store whose key row can share a transaction with the handler's business writes.
+pub trait TransactionalStore: Store {
+    /// The open transaction the handler writes through.
+    type Tx: Send + std::fmt::Debug + 'static;
+
+    /// Opens a transaction and claims the key inside it. A concurrent claim of the same key
+    /// is waited for up to `wait`: then its committed record is returned, or, if it rolled
+    /// back, the key is claimed.
+    fn begin_claim(
+        &self,
+        claim: &NewClaim,
+        wait: Duration,
+    ) -> impl Future<Output = Result<TxClaim<Self::Tx>>> + Send;
+
+    /// Stores `response` in the transaction's key row and commits: key, business rows and
+    /// response become visible together or not at all.
+    fn commit_response(
+        &self,
+        tx: Self::Tx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Rolls back: the key row goes with the business writes, so a retry runs fresh.
+    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// What [`TransactionalStore::begin_claim`] found.
+#[derive(Debug)]
+pub enum TxClaim<Tx> {
+    /// The key is claimed inside this open transaction.
+    Claimed(Tx),
+    /// A committed record holds the key.
+    Existing(Record),
+    /// Another transaction held the key for longer than the wait.
+    Busy,
+}
+
+/// Runs the sweeper once: deletes expired records in batches until none is left.
+pub async fn sweep_all<S: Store>(store: &S, now: Timestamp, batch: u32) -> Result<u64> {
+    let mut total = 0;
+    loop {
+        let deleted = store.sweep(now, batch).await?;
+        total += deleted;
+        if deleted < u64::from(batch) {
+            return Ok(total);
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! The conformance suite: written once, run against every store.
+//!
+//! A backend's test file instantiates it with [`store_conformance!`](crate::store_conformance)
+//! (and [`transactional_conformance!`](crate::transactional_conformance) for transactional
+//! stores), giving a factory that makes a fresh, isolated store for each test (its own file,
+//! database or key prefix) plus a guard that cleans it up when dropped.
+//! Time is passed explicitly, so expiry and leases are tested without waiting.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_core::{
+    AccountId, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
+    RequestParts, Scope, StoredResponse, Timestamp, decide,
+};
+
+use crate::{ClaimOutcome, NewClaim, Store, TransactionalStore, TxClaim, sweep_all};
+
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+fn scope(account: &str, key: &str) -> Scope {
+    Scope::new(
+        AccountId::new(account),
+        IdempotencyKey::new(key, KeyLimits::default()).expect("valid test key"),
+    )
+}
+
+fn fingerprint(body: &str) -> Fingerprint {
+    Fingerprint::compute(&RequestParts {
+        account: "acct_a",
+        method: "POST",
+        route: "/payments",
+        query: "",
+        content_type: "application/json",
+        body: body.as_bytes(),
+    })
+    .expect("valid test body")
+}
+
+fn response(body: &str) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("location".into(), "/payments/pay_1".into()),
+        ],
+        body: body.as_bytes().to_vec(),
+        body_omitted: false,
+    }
+}
+
+fn claim_at(scope: &Scope, fp: Fingerprint, token: i64, now: Timestamp) -> NewClaim {
+    NewClaim::new(
+        scope.clone(),
+        fp,
+        FencingToken(token),
+        now,
+        &Policy::default(),
+    )
+}
+
+/// 64 tasks claim one key at once: exactly one wins, every other sees its record.
+pub async fn claim_race_has_one_winner<S: Store>(store: S) {
+    let key = scope("acct_a", "race-key-0001");
+    let fp = fingerprint(r#"{"amount":1}"#);
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            let claim = claim_at(&key, fp, i + 1, T0);
+            tokio::spawn(async move { store.claim(&claim).await })
+        })
+        .collect();
+    let mut winners = 0;
+    let mut existing = 0;
+    for task in tasks {
+        match task.await.expect("task ran").expect("claim succeeded") {
+            ClaimOutcome::Claimed => winners += 1,
+            ClaimOutcome::Existing(record) => {
+                assert!(matches!(record.state, RecordState::InProgress { .. }));
+                assert!(matches!(
+                    decide(Some(&record), &fp, T0),
+                    Decision::InFlight { .. }
+                ));
+                existing += 1;
+            }
+        }
+    }
+    assert_eq!((winners, existing), (1, 63));
+}
+
+/// A completed record replays with its exact status, headers and body.
+pub async fn completed_record_replays<S: Store>(store: S) {
+    let key = scope("acct_a", "replay-key-01");
+    let fp = fingerprint(r#"{"amount":1}"#);
+    assert_eq!(
+        store.claim(&claim_at(&key, fp, 7, T0)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let stored = response("{\"id\":\"pay_1\"}");
+    assert!(
+        store
+            .complete(&key, FencingToken(7), &stored)
+            .await
+            .unwrap()
+    );
+    let record = store.get(&key).await.unwrap().expect("record exists");
+    assert_eq!(record.fingerprint, fp);
+    assert_eq!(decide(Some(&record), &fp, T0), Decision::Replay(&stored));
+    // A second claim does not disturb it.
+    match store.claim(&claim_at(&key, fp, 8, T0)).await.unwrap() {
+        ClaimOutcome::Existing(again) => assert_eq!(again, record),
+        other => panic!("expected the completed record, got {other:?}"),
+    }
+}
+
+/// A different request with the same key is a mismatch and leaves the record untouched; the
+/// same key from another account is unrelated.
+pub async fn mismatch_leaves_record_untouched<S: Store>(store: S) {
+    let key = scope("acct_a", "mismatch-key1");
+    let fp = fingerprint(r#"{"amount":1}"#);
+    let other = fingerprint(r#"{"amount":2}"#);
+    store.claim(&claim_at(&key, fp, 1, T0)).await.unwrap();
+    let stored = response("{}");
+    assert!(
+        store
+            .complete(&key, FencingToken(1), &stored)
+            .await
+            .unwrap()
+    );
+    match store.claim(&claim_at(&key, other, 2, T0)).await.unwrap() {
+        ClaimOutcome::Existing(record) => {
+            assert_eq!(decide(Some(&record), &other, T0), Decision::Mismatch)
+        }
+        ClaimOutcome::Claimed => panic!("a mismatched request claimed a completed key"),
+    }
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.fingerprint, fp);
+    assert_eq!(record.state, RecordState::Completed(stored));
+
+    let elsewhere = scope("acct_b", "mismatch-key1");
+    assert_eq!(
+        store
+            .claim(&claim_at(&elsewhere, other, 3, T0))
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+}
+
+/// Only the holder of the current fencing token may store an outcome, renew or release.
+pub async fn fencing_token_guards_the_outcome<S: Store>(store: S) {
+    let key = scope("acct_a", "fenced-key-01");
+    let fp = fingerprint("{}");
+    store.claim(&claim_at(&key, fp, 10, T0)).await.unwrap();
+    assert!(
+        !store
+            .complete(&key, FencingToken(11), &response("x"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .renew(&key, FencingToken(11), T0.plus(Duration::from_secs(60)))
+            .await
+            .unwrap()
+    );
+    assert!(!store.release(&key, FencingToken(11)).await.unwrap());
+    assert!(matches!(
+        store.get(&key).await.unwrap().unwrap().state,
+        RecordState::InProgress {
+            token: FencingToken(10),
+            ..
+        }
+    ));
+    assert!(
+        store
+            .complete(&key, FencingToken(10), &response("ok"))
+            .await
+            .unwrap()
+    );
+    // A completed record can be neither completed again nor released.
+    assert!(
+        !store
+            .complete(&key, FencingToken(10), &response("again"))
+            .await
+            .unwrap()
+    );
+    assert!(!store.release(&key, FencingToken(10)).await.unwrap());
+}
+
+/// A claim whose lease runs out can be taken over by the same request (with a new token), never
+/// by a different one; the old holder is then fenced out. Renewal keeps a lease alive.
+pub async fn lease_expiry_and_renewal<S: Store>(store: S) {
+    let key = scope("acct_a", "lease-key-001");
+    let fp = fingerprint("{}");
+    let lease = Policy::default().lease;
+    store.claim(&claim_at(&key, fp, 1, T0)).await.unwrap();
+
+    // Within the lease: in flight.
+    let mid = T0.plus(lease / 2);
+    match store.claim(&claim_at(&key, fp, 2, mid)).await.unwrap() {
+        ClaimOutcome::Existing(r) => {
+            assert!(matches!(
+                decide(Some(&r), &fp, mid),
+                Decision::InFlight { .. }
+            ))
+        }
+        ClaimOutcome::Claimed => panic!("claimed a key under a live lease"),
+    }
+    // Renewed at mid-lease: still in flight past the original lease.
+    assert!(
+        store
+            .renew(&key, FencingToken(1), mid.plus(lease))
+            .await
+            .unwrap()
+    );
+    let past_original = T0.plus(lease + Duration::from_secs(1));
+    assert!(matches!(
+        store
+            .claim(&claim_at(&key, fp, 3, past_original))
+            .await
+            .unwrap(),
+        ClaimOutcome::Existing(_)
+    ));
+
+    // After the renewed lease: a different request may not take over...
+    let after = mid.plus(lease + Duration::from_secs(1));
+    let other = fingerprint(r#"{"x":1}"#);
+    match store.claim(&claim_at(&key, other, 4, after)).await.unwrap() {
+        ClaimOutcome::Existing(r) => {
+            assert_eq!(decide(Some(&r), &other, after), Decision::Mismatch)
+        }
+        ClaimOutcome::Claimed => panic!("a different request took over a lease"),
+    }
+    // ... nor the same request when take-over is not allowed ...
+    let mut no_takeover = claim_at(&key, fp, 5, after);
+    no_takeover.take_over_expired_lease = false;
+    match store.claim(&no_takeover).await.unwrap() {
+        ClaimOutcome::Existing(r) => assert_eq!(
+            decide(Some(&r), &fp, after),
+            Decision::LeaseExpired {
+                token: FencingToken(1)
+            }
+        ),
+        ClaimOutcome::Claimed => panic!("took over although take-over was not allowed"),
+    }
+    // ... but the same request may, and the old holder is fenced out.
+    assert_eq!(
+        store.claim(&claim_at(&key, fp, 6, after)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    assert!(
+        !store
+            .complete(&key, FencingToken(1), &response("old"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .complete(&key, FencingToken(6), &response("new"))
+            .await
+            .unwrap()
+    );
+}
+
+/// A record past its retention is new again; a released key is new at once.
+pub async fn retention_and_release<S: Store>(store: S) {
+    let key = scope("acct_a", "retained-key1");
+    let fp = fingerprint("{}");
+    let retention = Policy::default().retention;
+    store.claim(&claim_at(&key, fp, 1, T0)).await.unwrap();
+    store
+        .complete(&key, FencingToken(1), &response("first"))
+        .await
+        .unwrap();
+
+    let before = T0.plus(retention - Duration::from_secs(1));
+    assert!(matches!(
+        store.claim(&claim_at(&key, fp, 2, before)).await.unwrap(),
+        ClaimOutcome::Existing(_)
+    ));
+    let at_expiry = T0.plus(retention);
+    let different = fingerprint(r#"{"new":true}"#);
+    assert_eq!(
+        store
+            .claim(&claim_at(&key, different, 3, at_expiry))
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.fingerprint, different);
+    assert_eq!(record.created_at, at_expiry);
+
+    assert!(store.release(&key, FencingToken(3)).await.unwrap());
+    assert_eq!(store.get(&key).await.unwrap(), None);
+    assert_eq!(
+        store
+            .claim(&claim_at(&key, fp, 4, at_expiry))
+            .await
+            .unwrap(),
+        ClaimOutcome::Claimed
+    );
+}
+
+/// The sweeper deletes expired records in bounded batches, keeps live ones and in-progress
+/// records whose lease still runs, and is safe to run from several places at once.
+pub async fn sweep_deletes_expired_in_batches<S: Store>(store: S) {
+    let fp = fingerprint("{}");
+    let policy = Policy::default();
+    for i in 0..250 {
+        let key = scope("acct_a", &format!("old-key-{i:05}"));
+        store.claim(&claim_at(&key, fp, 1, T0)).await.unwrap();
+        store
+            .complete(&key, FencingToken(1), &response("{}"))
+            .await
+            .unwrap();
+    }
+    let later = T0.plus(policy.retention / 2);
+    let fresh = scope("acct_a", "fresh-key-001");
+    store.claim(&claim_at(&fresh, fp, 1, later)).await.unwrap();
+    store
+        .complete(&fresh, FencingToken(1), &response("{}"))
+        .await
+        .unwrap();
+    // In progress past its retention but with a lease still running (a very long call).
+    let long = scope("acct_a", "long-call-001");
+    let mut claim = claim_at(&long, fp, 1, T0);
+    claim.lease_until = T0.plus(policy.retention * 2);
+    store.claim(&claim).await.unwrap();
+
+    let now = T0.plus(policy.retention);
+    assert_eq!(store.sweep(now, 100).await.unwrap(), 100);
+    // Two sweepers at once delete the rest between them, each row once.
+    let (a, b) = tokio::join!(sweep_all(&store, now, 40), sweep_all(&store, now, 40));
+    assert_eq!(a.unwrap() + b.unwrap(), 150);
+    assert_eq!(store.sweep(now, 100).await.unwrap(), 0);
+    assert!(store.get(&fresh).await.unwrap().is_some());
+    assert!(store.get(&long).await.unwrap().is_some());
+    assert_eq!(
+        store.get(&scope("acct_a", "old-key-00007")).await.unwrap(),
+        None
+    );
+}
+
+/// Transaction mode: the key row commits with the response; a rollback takes the key with it;
+/// 64 concurrent transactions on one key have one winner and the rest see its outcome.
+pub async fn transaction_mode_commits_or_rolls_back<S: TransactionalStore>(store: S) {
+    let wait = Duration::from_secs(10);
+    let key = scope("acct_a", "tx-key-000001");
+    let fp = fingerprint("{}");
+
+    let TxClaim::Claimed(tx) = store
+        .begin_claim(&claim_at(&key, fp, 1, T0), wait)
+        .await
+        .unwrap()
+    else {
+        panic!("first claim must win")
+    };
+    store.rollback(tx).await.unwrap();
+    assert_eq!(
+        store.get(&key).await.unwrap(),
+        None,
+        "rollback leaves no key row"
+    );
+
+    let winners = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            let key = key.clone();
+            let winners = winners.clone();
+            tokio::spawn(async move {
+                match store
+                    .begin_claim(&claim_at(&key, fp, i + 10, T0), wait)
+                    .await
+                    .unwrap()
+                {
+                    TxClaim::Claimed(tx) => {
+                        winners.fetch_add(1, Ordering::SeqCst);
+                        store
+                            .commit_response(tx, &key, FencingToken(i + 10), &response("{}"))
+                            .await
+                            .unwrap();
+                        None
+                    }
+                    TxClaim::Existing(record) => Some(record),
+                    TxClaim::Busy => panic!("a 10 s wait ran out"),
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        if let Some(record) = task.await.unwrap() {
+            assert!(matches!(
+                decide(Some(&record), &fp, T0),
+                Decision::Replay(_)
+            ));
+        }
+    }
+    assert_eq!(winners.load(Ordering::SeqCst), 1);
+}
+
+/// A duplicate waiting on an open transaction gives up after its wait with `Busy`.
+pub async fn transaction_wait_is_bounded<S: TransactionalStore>(store: S) {
+    let key = scope("acct_a", "tx-busy-00001");
+    let fp = fingerprint("{}");
+    let TxClaim::Claimed(tx) = store
+        .begin_claim(&claim_at(&key, fp, 1, T0), Duration::from_secs(10))
+        .await
+        .unwrap()
+    else {
+        panic!("first claim must win")
+    };
+    let second = store
+        .begin_claim(&claim_at(&key, fp, 2, T0), Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(matches!(second, TxClaim::Busy), "got {second:?}");
+    store.rollback(tx).await.unwrap();
+}
+
+/// Instantiates the [`Store`] conformance suite. `$make` is an async expression that yields
+/// `(store, guard)`; the guard is dropped when the test ends.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:expr) => {
+        $crate::store_conformance!(@tests $make;
+            claim_race_has_one_winner,
+            completed_record_replays,
+            mismatch_leaves_record_untouched,
+            fencing_token_guards_the_outcome,
+            lease_expiry_and_renewal,
+            retention_and_release,
+            sweep_deletes_expired_in_batches,
+        );
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (store, _guard) = $make.await;
+                $crate::conformance::$name(store).await;
+            }
+        )*
+    };
+}
+
+/// Instantiates the [`TransactionalStore`] part of the suite.
+#[macro_export]
+macro_rules! transactional_conformance {
+    ($make:expr) => {
+        $crate::store_conformance!(@tests $make;
+            transaction_mode_commits_or_rolls_back,
+            transaction_wait_is_bounded,
+        );
+    };
+}
