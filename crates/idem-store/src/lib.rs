@@ -41,6 +41,8 @@ use std::time::Duration;
 use idem_core::{FencingToken, Fingerprint, Policy, Record, Scope, StoredResponse, Timestamp};
 
 mod error;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -48,6 +50,8 @@ mod sqlite;
 pub mod conformance;
 
 pub use error::{Error, Result};
+#[cfg(feature = "postgres")]
+pub use postgres::{PgStore, PgTx};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
 
@@ -102,7 +106,7 @@ pub enum ClaimOutcome {
 }
 
 /// A record store, atomic by contract.
-pub trait Store: Clone + Send + Sync + 'static {
+pub trait Store: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// Reads the record `scope` names, if any. Never blocks on a concurrent claim.
     fn get(&self, scope: &Scope) -> impl Future<Output = Result<Option<Record>>> + Send;
 

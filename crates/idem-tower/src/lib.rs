@@ -1,1 +1,54 @@
-//! x
+//! A tower layer that makes retried POSTs safe: the idem HTTP contract for axum and any tower
+//! service.
+//!
+//! [`IdempotencyLayer`] parses the `Idempotency-Key`, scopes it to the request's account,
+//! fingerprints the request, and then either replays the stored response, refuses a reused key
+//! (`422`), reports a request still running (`409`), or runs the handler once and stores what
+//! it answered. Refusals are RFC 9457 problem-details responses with stable `type`s.
+//!
+//! The handler finds the request's [`idem_core::Scope`] (account and key) among the request
+//! extensions.
+//!
+//! In transaction mode the handler writes through the transaction the layer opened ([`Tx`]),
+//! so the key and the business rows commit together:
+//!
+//! ```
+//! use axum::{Router, routing::post, http::StatusCode};
+//! use idem_store::{SqliteStore, SqliteTx};
+//! use idem_tower::{IdempotencyLayer, Tx};
+//!
+//! async fn create_order(mut tx: Tx<SqliteTx>) -> (StatusCode, &'static str) {
+//!     sqlx::query("INSERT INTO orders (sku) VALUES ('A1')")
+//!         .execute(&mut **tx)
+//!         .await
+//!         .unwrap();
+//!     (StatusCode::CREATED, "created")
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("app.db")).await?;
+//! sqlx::query("CREATE TABLE orders (sku TEXT)").execute(store.writer()).await?;
+//!
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .layer(IdempotencyLayer::transactional(store));
+//! # let _ = app;
+//! # Ok(()) }
+//! ```
+
+mod layer;
+mod mode;
+mod outcome;
+mod response;
+
+#[cfg(feature = "axum")]
+mod extract;
+
+#[cfg(feature = "axum")]
+pub use extract::{NoTransaction, Tx};
+pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture};
+pub use mode::{LeaseMode, Mode, TransactionMode};
+pub use outcome::Outcome;
+pub use response::{IDEMPOTENT_REPLAY, IDEMPOTENT_REPLAYED};

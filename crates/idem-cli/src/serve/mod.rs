@@ -1,0 +1,276 @@
+//! `idem serve`: the reference payments API (SPEC §4), the testbed for everything else.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use idem_core::{AccountId, Clock, Policy, SystemClock};
+use idem_store::{SqliteStore, sweep_all};
+use idem_tower::IdempotencyLayer;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+
+mod auth;
+mod payments;
+
+/// `idem serve` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Where records and payments live: `sqlite://PATH` (created on first start).
+    #[arg(long, default_value = "sqlite://idem.db")]
+    pub database: String,
+    /// A sandbox API token and the account it authenticates, `TOKEN=ACCOUNT`; repeatable.
+    /// Without any, `sk_test_alice=acct_alice` and `sk_test_bob=acct_bob` are registered.
+    #[arg(long = "token", value_name = "TOKEN=ACCOUNT", value_parser = parse_token)]
+    pub tokens: Vec<(String, String)>,
+    /// How long a key is remembered, in seconds (published at /idempotency-policy).
+    #[arg(long, default_value_t = 24 * 60 * 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub retention_secs: u64,
+    /// How long a duplicate waits for the original before 409, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub in_flight_wait_secs: u64,
+}
+
+fn parse_token(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((token, account)) if !token.is_empty() && !account.is_empty() => {
+            Ok((token.to_owned(), account.to_owned()))
+        }
+        _ => Err(format!("expected TOKEN=ACCOUNT, got {s:?}")),
+    }
+}
+
+/// Everything `serve` needs, validated.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The database URL.
+    pub database: String,
+    /// Bearer token → account.
+    pub tokens: HashMap<String, AccountId>,
+    /// The idempotency policy.
+    pub policy: Policy,
+    /// The clock (tests move it).
+    pub clock: Arc<dyn Clock>,
+}
+
+/// The sandbox tokens registered when none are given.
+pub const DEFAULT_TOKENS: [(&str, &str); 2] =
+    [("sk_test_alice", "acct_alice"), ("sk_test_bob", "acct_bob")];
+
+impl ServeConfig {
+    /// Defaults: the sandbox tokens, the default policy, the system clock.
+    pub fn new(database: impl Into<String>) -> Self {
+        Self {
+            database: database.into(),
+            tokens: DEFAULT_TOKENS
+                .iter()
+                .map(|(t, a)| (t.to_string(), AccountId::new(*a)))
+                .collect(),
+            policy: Policy::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    fn from_args(args: &ServeArgs) -> Self {
+        let mut config = Self::new(args.database.clone());
+        if !args.tokens.is_empty() {
+            config.tokens = args
+                .tokens
+                .iter()
+                .map(|(t, a)| (t.clone(), AccountId::new(a.clone())))
+                .collect();
+        }
+        config.policy.retention = Duration::from_secs(args.retention_secs);
+        config.policy.in_flight_wait = Duration::from_secs(args.in_flight_wait_secs);
+        config
+    }
+}
+
+/// Runs `idem serve` until Ctrl-C or SIGTERM.
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = ServeConfig::from_args(&args);
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let mut accounts: Vec<_> = config.tokens.iter().collect();
+    accounts.sort_by(|a, b| a.1.cmp(b.1));
+    for (token, account) in accounts {
+        tracing::info!(%account, token = %token, "sandbox token");
+    }
+    serve(listener, config, shutdown_signal()).await
+}
+
+/// Serves the API on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    config: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = App::open(&config).await?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, database = %config.database, "idem serve listening");
+
+    // The sweeper: every instance may run it; each statement deletes at most 1,000 rows.
+    let sweeper = {
+        let store = app.store.clone();
+        let clock = config.clock.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                every.tick().await;
+                match sweep_all(&store, clock.now(), 1000).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "swept expired keys"),
+                    Err(e) => tracing::warn!(error = %e, "sweep failed"),
+                }
+            }
+        })
+    };
+
+    let router = app.router(&config);
+    let result = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("the server failed");
+    sweeper.abort();
+    result
+}
+
+/// Shared state of the service.
+#[derive(Debug, Clone)]
+pub(crate) struct App {
+    pub(crate) store: SqliteStore,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) clock: Arc<dyn Clock>,
+    metrics: PrometheusHandle,
+}
+
+impl App {
+    async fn open(config: &ServeConfig) -> anyhow::Result<Self> {
+        let url = &config.database;
+        if !url.starts_with("sqlite:") {
+            anyhow::bail!("unsupported database URL {url:?}: expected sqlite://PATH");
+        }
+        let store = SqliteStore::connect(url)
+            .await
+            .with_context(|| format!("cannot open the database {url}"))?;
+        let mut migrator = sqlx::migrate!("migrations/sqlite");
+        migrator.dangerous_set_table_name("idem_serve_migrations");
+        migrator
+            .run(store.writer())
+            .await
+            .context("cannot migrate the payments schema")?;
+        Ok(Self {
+            store,
+            policy: Arc::new(config.policy.clone()),
+            clock: config.clock.clone(),
+            metrics: metrics_handle(),
+        })
+    }
+
+    fn router(&self, config: &ServeConfig) -> Router {
+        let idempotency = IdempotencyLayer::transactional(self.store.clone())
+            .with_policy(config.policy.clone())
+            .with_clock(ClockRef(config.clock.clone()));
+        let tokens = Arc::new(config.tokens.clone());
+        let api = Router::new()
+            .route(
+                "/payments",
+                axum::routing::post(payments::create).get(payments::list),
+            )
+            .route("/payments/{id}", get(payments::show))
+            // The layer covers POST and PATCH; authentication runs before it, so the account
+            // is known when the key is scoped.
+            .layer(idempotency)
+            .layer(axum::middleware::from_fn_with_state(tokens, auth::authenticate));
+        Router::new()
+            .route("/healthz", get(healthz))
+            .route("/metrics", get(metrics))
+            .route("/idempotency-policy", get(policy))
+            .merge(api)
+            .with_state(self.clone())
+    }
+}
+
+/// Lets the layer share the service's clock.
+#[derive(Debug, Clone)]
+struct ClockRef(Arc<dyn Clock>);
+
+impl Clock for ClockRef {
+    fn now(&self) -> idem_core::Timestamp {
+        self.0.now()
+    }
+}
+
+/// The process has one metrics recorder; every server in it (tests start several) shares it.
+fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder is installed; then this one just stays empty.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+async fn healthz(State(app): State<App>) -> Response {
+    match sqlx::query("SELECT 1").execute(app.store.readers()).await {
+        Ok(_) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "unavailable", "error": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(app): State<App>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        app.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn policy(State(app): State<App>) -> Response {
+    axum::Json(app.policy.published("transaction")).into_response()
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+    tracing::info!("shutting down");
+}

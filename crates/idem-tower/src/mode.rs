@@ -1,0 +1,333 @@
+//! The two ways to be atomic (SPEC §3).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use idem_core::{Decision, ProblemKind, decide};
+use idem_store::{ClaimOutcome, NewClaim, Store, TransactionalStore, TxClaim};
+use tokio::sync::Mutex;
+use tower::{Service, ServiceExt};
+
+use crate::Outcome;
+use crate::layer::{
+    ErrorChain, IdempotencyLayer, buffer_response, count, mismatch, store_unavailable,
+};
+use crate::response::{problem, replay};
+use sealed::Claim;
+
+/// How the layer makes a key's claim and its work atomic: [`TransactionMode`] or
+/// [`LeaseMode`]. Sealed: the two modes are the contract's.
+pub trait Mode: Clone + fmt::Debug + Send + Sync + 'static + sealed::Run {
+    /// Where records live.
+    type Store: Store;
+
+    /// The store.
+    fn store(&self) -> &Self::Store;
+}
+
+pub(crate) mod sealed {
+    use super::*;
+    use idem_core::{Clock, FencingToken, Fingerprint, Policy, Scope, Timestamp};
+
+    /// What a covered request carries into the section that claims its key.
+    #[derive(Debug, Clone)]
+    pub struct Claim {
+        pub(crate) policy: Arc<Policy>,
+        pub(crate) clock: Arc<dyn Clock>,
+        pub(crate) scope: Scope,
+        pub(crate) fingerprint: Fingerprint,
+        pub(crate) now: Timestamp,
+        pub(crate) token: FencingToken,
+    }
+
+    /// The part of [`Mode`](super::Mode) only this crate sees.
+    pub trait Run {
+        /// Claims the key, runs `inner`, and stores the outcome. Runs in its own task.
+        fn run<S, ReqBody, ResBody>(
+            self,
+            claim: Claim,
+            inner: S,
+            request: Request<ReqBody>,
+        ) -> impl Future<Output = Result<Response<ResBody>, S::Error>> + Send + 'static
+        where
+            S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+            S::Future: Send + 'static,
+            S::Error: Send + 'static,
+            ReqBody: Send + 'static,
+            ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+            ResBody::Error: fmt::Display;
+    }
+}
+
+/// Transaction mode: the key row, the handler's writes and the stored response commit in one
+/// transaction, which the handler reaches through the [`Tx`](crate::Tx) extractor.
+#[derive(Debug, Clone)]
+pub struct TransactionMode<St>(St);
+
+/// Lease mode: the claim commits first with a lease and a fencing token; the outcome is stored
+/// only by the holder of the current token. For work that calls outside the database.
+#[derive(Debug, Clone)]
+pub struct LeaseMode<St>(St);
+
+impl<St: TransactionalStore> IdempotencyLayer<TransactionMode<St>> {
+    /// A layer in transaction mode over `store`.
+    pub fn transactional(store: St) -> Self {
+        Self::with_mode(TransactionMode(store))
+    }
+}
+
+impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
+    /// A layer in lease mode over `store`.
+    pub fn leased(store: St) -> Self {
+        Self::with_mode(LeaseMode(store))
+    }
+}
+
+/// Where the handler finds the transaction the layer opened. The layer takes it back when the
+/// handler returns.
+pub(crate) type TxSlot<T> = Arc<Mutex<Option<T>>>;
+
+impl<St: TransactionalStore> Mode for TransactionMode<St> {
+    type Store = St;
+
+    fn store(&self) -> &St {
+        &self.0
+    }
+}
+
+impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
+    async fn run<S, ReqBody, ResBody>(
+        self,
+        claim: Claim,
+        mut inner: S,
+        mut request: Request<ReqBody>,
+    ) -> Result<Response<ResBody>, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ResBody::Error: fmt::Display,
+    {
+        let store = self.0;
+        let policy = claim.policy.clone();
+        let new = NewClaim::new(
+            claim.scope.clone(),
+            claim.fingerprint,
+            claim.token,
+            claim.now,
+            &policy,
+        );
+        let tx = match store.begin_claim(&new, policy.in_flight_wait).await {
+            Ok(TxClaim::Claimed(tx)) => tx,
+            Ok(TxClaim::Existing(record)) => {
+                let now = claim.clock.now();
+                return Ok(match decide(Some(&record), &claim.fingerprint, now) {
+                    Decision::Replay(stored) => {
+                        count("replay");
+                        replay(stored)
+                    }
+                    Decision::Mismatch => mismatch(&claim.scope),
+                    other => in_use(&other),
+                });
+            }
+            Ok(TxClaim::Busy) => {
+                count("in_flight");
+                return Ok(problem(
+                    ProblemKind::InUse,
+                    format!(
+                        "a request with this Idempotency-Key is still running after a {} s wait; retry later with the same key",
+                        policy.in_flight_wait.as_secs()
+                    ),
+                    Some(Duration::from_secs(1)),
+                ));
+            }
+            Err(e) => return Ok(store_unavailable(&e)),
+        };
+
+        let slot: TxSlot<St::Tx> = Arc::new(Mutex::new(Some(tx)));
+        request.extensions_mut().insert(slot.clone());
+        request.extensions_mut().insert(claim.scope.clone());
+        let response = match inner.ready().await {
+            Ok(ready) => ready.call(request).await,
+            Err(e) => Err(e),
+        };
+        // The handler has returned, so its guard on the slot is gone (unless it leaked one
+        // into a task; then this waits for that task).
+        let Some(tx) = slot.lock().await.take() else {
+            tracing::error!("the handler took the transaction out of its slot");
+            return Ok(problem(
+                ProblemKind::StoreUnavailable,
+                "the handler did not return its transaction",
+                Some(Duration::from_secs(1)),
+            ));
+        };
+        let response = match response {
+            Ok(response) => response,
+            Err(e) => {
+                let _ = store.rollback(tx).await;
+                return Err(e);
+            }
+        };
+        let (response, outcome, stored) = match buffer_response(&policy, response).await {
+            Ok(buffered) => buffered,
+            Err(e) => {
+                tracing::error!(error = %e, "handler response failed");
+                let _ = store.rollback(tx).await;
+                return Ok(problem(
+                    ProblemKind::StoreUnavailable,
+                    "the response could not be produced; nothing was committed; retry with the same key",
+                    Some(Duration::from_secs(1)),
+                ));
+            }
+        };
+        if outcome != Outcome::Store {
+            count("not_stored");
+            if let Err(e) = store.rollback(tx).await {
+                tracing::warn!(error = %ErrorChain(&e), "rollback failed");
+            }
+            return Ok(response);
+        }
+        match store
+            .commit_response(tx, &claim.scope, claim.token, &stored)
+            .await
+        {
+            Ok(()) => {
+                count("fresh");
+                tracing::info!(key = %claim.scope.log_label(), status = stored.status, "stored");
+                Ok(response)
+            }
+            // Nothing committed: the client must not see a success that did not happen.
+            Err(e) => Ok(store_unavailable(&e)),
+        }
+    }
+}
+
+impl<St: Store> Mode for LeaseMode<St> {
+    type Store = St;
+
+    fn store(&self) -> &St {
+        &self.0
+    }
+}
+
+impl<St: Store> sealed::Run for LeaseMode<St> {
+    async fn run<S, ReqBody, ResBody>(
+        self,
+        claim: Claim,
+        mut inner: S,
+        mut request: Request<ReqBody>,
+    ) -> Result<Response<ResBody>, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: Send + 'static,
+        ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ResBody::Error: fmt::Display,
+    {
+        let store = self.0;
+        let policy = claim.policy.clone();
+        let new = NewClaim::new(
+            claim.scope.clone(),
+            claim.fingerprint,
+            claim.token,
+            claim.now,
+            &policy,
+        );
+        request.extensions_mut().insert(claim.scope.clone());
+        match store.claim(&new).await {
+            Ok(ClaimOutcome::Claimed) => {}
+            Ok(ClaimOutcome::Existing(record)) => {
+                return Ok(match decide(Some(&record), &claim.fingerprint, claim.now) {
+                    Decision::Replay(stored) => {
+                        count("replay");
+                        replay(stored)
+                    }
+                    Decision::Mismatch => mismatch(&claim.scope),
+                    other => in_use(&other),
+                });
+            }
+            Err(e) => return Ok(store_unavailable(&e)),
+        }
+
+        // Renew the lease while the work runs, so a slow call is not taken over.
+        let work = async {
+            match inner.ready().await {
+                Ok(ready) => ready.call(request).await,
+                Err(e) => Err(e),
+            }
+        };
+        tokio::pin!(work);
+        let mut renewals = tokio::time::interval(policy.lease / 3);
+        renewals.tick().await;
+        let response = loop {
+            tokio::select! {
+                response = &mut work => break response,
+                _ = renewals.tick() => {
+                    let until = claim.clock.now().plus(policy.lease);
+                    match store.renew(&claim.scope, claim.token, until).await {
+                        Ok(true) => {}
+                        Ok(false) => tracing::warn!(key = %claim.scope.log_label(), "lease lost while the work ran"),
+                        Err(e) => tracing::warn!(error = %ErrorChain(&e), "lease renewal failed"),
+                    }
+                }
+            }
+        };
+        let response = match response {
+            Ok(response) => response,
+            // The service failed without a response: the outcome is unknown; the lease runs out.
+            Err(e) => return Err(e),
+        };
+        let (response, outcome, stored) = match buffer_response(&policy, response).await {
+            Ok(buffered) => buffered,
+            Err(e) => {
+                tracing::error!(error = %e, "handler response failed");
+                return Ok(problem(
+                    ProblemKind::OutcomeUnknown,
+                    "the response could not be produced; the outcome is unknown",
+                    Some(policy.lease),
+                ));
+            }
+        };
+        let stored_ok = match outcome {
+            Outcome::Store => store.complete(&claim.scope, claim.token, &stored).await,
+            Outcome::Release => store.release(&claim.scope, claim.token).await,
+            Outcome::Unknown => Ok(true),
+        };
+        match stored_ok {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(key = %claim.scope.log_label(), "outcome not stored: the claim was taken over")
+            }
+            Err(e) => tracing::error!(error = %ErrorChain(&e), "storing the outcome failed"),
+        }
+        count(match outcome {
+            Outcome::Store => "fresh",
+            _ => "not_stored",
+        });
+        Ok(response)
+    }
+}
+
+fn in_use<B: From<Bytes>>(decision: &Decision<'_>) -> Response<B> {
+    count("in_flight");
+    match decision {
+        Decision::InFlight { retry_after } => problem(
+            ProblemKind::InUse,
+            "a request with this Idempotency-Key is still running; retry later with the same key",
+            Some(*retry_after),
+        ),
+        _ => problem(
+            ProblemKind::OutcomeUnknown,
+            "the request with this Idempotency-Key stopped before its outcome was stored; it is being reconciled",
+            Some(Duration::from_secs(5)),
+        ),
+    }
+}
