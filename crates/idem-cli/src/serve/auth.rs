@@ -33,10 +33,9 @@ pub(crate) async fn authenticate(
                 "Authentication required",
                 "send Authorization: Bearer <token> with a registered sandbox token",
             );
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer"),
-            );
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             response.into_response()
         }
     }

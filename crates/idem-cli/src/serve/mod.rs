@@ -193,7 +193,10 @@ impl App {
             // The layer covers POST and PATCH; authentication runs before it, so the account
             // is known when the key is scoped.
             .layer(idempotency)
-            .layer(axum::middleware::from_fn_with_state(tokens, auth::authenticate));
+            .layer(axum::middleware::from_fn_with_state(
+                tokens,
+                auth::authenticate,
+            ));
         Router::new()
             .route("/healthz", get(healthz))
             .route("/metrics", get(metrics))

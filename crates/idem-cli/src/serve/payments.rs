@@ -50,8 +50,8 @@ fn invalid(detail: &str) -> Response {
 
 /// Validates `{"amount": <positive integer>, "currency": "<3 capital letters>"}`.
 fn parse_request(body: &[u8]) -> Result<(i64, String), Response> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| invalid(&format!("the body is not JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| invalid(&format!("the body is not JSON: {e}")))?;
     let amount = value
         .get("amount")
         .and_then(Value::as_i64)
@@ -197,7 +197,11 @@ pub(crate) async fn list(
     .bind(account.as_str())
     .fetch_all(app.store.readers())
     .await;
-    match rows.and_then(|rows| rows.iter().map(payment_from_row).collect::<Result<Vec<_>, _>>()) {
+    match rows.and_then(|rows| {
+        rows.iter()
+            .map(payment_from_row)
+            .collect::<Result<Vec<_>, _>>()
+    }) {
         Ok(data) => Json(serde_json::json!({ "data": data })).into_response(),
         Err(e) => database_error(e),
     }

@@ -1,0 +1,381 @@
+//! SPEC §2, row by row, against a real `idem serve`: each test sends the request and checks
+//! the status, the body and what the database holds afterwards.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ALICE, BOB, TestServer, send};
+
+const BODY: &str = r#"{"amount": 49900, "currency": "INR"}"#;
+
+#[tokio::test]
+async fn uncovered_methods_pass_through_untouched_key_or_not() {
+    let server = TestServer::start().await;
+    let created = send(server.post(ALICE, Some("passthrough-key-1"), BODY)).await;
+    assert_eq!(created.status, 201);
+
+    for key in [None, Some("passthrough-key-1"), Some("bad key")] {
+        let mut get = server
+            .client
+            .get(format!("{}/payments/{}", server.url, created.id()))
+            .bearer_auth(ALICE);
+        if let Some(key) = key {
+            get = get.header("idempotency-key", key);
+        }
+        let answer = send(get).await;
+        assert_eq!(answer.status, 200, "GET with key {key:?}");
+        assert!(!answer.replayed());
+        assert_eq!(answer.body["id"], created.body["id"]);
+    }
+    // PUT and DELETE reach the router (which has no such route), not the layer's 400.
+    for method in [reqwest::Method::PUT, reqwest::Method::DELETE] {
+        let answer = send(
+            server
+                .client
+                .request(method.clone(), format!("{}/payments", server.url))
+                .bearer_auth(ALICE),
+        )
+        .await;
+        assert_eq!(answer.status, 405, "{method}");
+    }
+    assert_eq!(server.keys().await, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_key_is_400_and_nothing_is_stored() {
+    let server = TestServer::start().await;
+    let answer = send(server.post(ALICE, None, BODY)).await;
+    assert_eq!(answer.status, 400);
+    assert_eq!(answer.problem_type(), "urn:idem:problem:missing-key");
+    assert_eq!(answer.body["status"], 400);
+    assert_eq!((server.keys().await, server.payments().await), (0, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_keys_are_400_and_nothing_is_stored() {
+    let server = TestServer::start().await;
+    let long = "k".repeat(256);
+    let cases: Vec<(&str, Vec<&[u8]>)> = vec![
+        ("empty", vec![b""]),
+        ("too short", vec![b"short"]),
+        ("too long", vec![long.as_bytes()]),
+        ("a space", vec![b"has a space"]),
+        ("obs-text", vec![b"abcdefgh\xe9"]),
+        ("a comma-joined list", vec![b"key-aaaaaaaa, key-bbbbbbbb"]),
+        ("parameters", vec![b"\"key-aaaaaaaa\";v=1"]),
+        ("an unterminated sf-string", vec![b"\"key-aaaaaaaa"]),
+        ("two fields", vec![b"key-aaaaaaaa", b"key-aaaaaaaa"]),
+    ];
+    for (what, values) in cases {
+        let mut req = server
+            .client
+            .post(format!("{}/payments", server.url))
+            .bearer_auth(ALICE)
+            .header("content-type", "application/json")
+            .body(BODY);
+        for value in values {
+            req = req.header(
+                "idempotency-key",
+                reqwest::header::HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        let answer = send(req).await;
+        assert_eq!(answer.status, 400, "{what}");
+        assert_eq!(
+            answer.problem_type(),
+            "urn:idem:problem:malformed-key",
+            "{what}"
+        );
+    }
+    assert_eq!((server.keys().await, server.payments().await), (0, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_retry_replays_status_body_and_headers_without_doing_the_work_again() {
+    let server = TestServer::start().await;
+    let first = send(server.post(ALICE, Some("replay-key-0001"), BODY)).await;
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    let location = first.headers.get("location").unwrap().clone();
+
+    server.clock.advance(Duration::from_secs(3600));
+    let again = send(server.post(ALICE, Some("replay-key-0001"), BODY)).await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    assert_eq!(again.raw, first.raw, "the stored body, byte for byte");
+    assert_eq!(again.headers.get("location"), Some(&location));
+    assert_eq!(
+        again.headers.get("content-type").unwrap(),
+        "application/json"
+    );
+    assert_eq!(server.payments().await, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_sf_string_and_bare_forms_name_the_same_key() {
+    let server = TestServer::start().await;
+    let bare = send(server.post(ALICE, Some("form-key-0001"), BODY)).await;
+    let quoted = send(server.post(ALICE, Some("\"form-key-0001\""), BODY)).await;
+    assert_eq!(quoted.status, 201);
+    assert!(quoted.replayed());
+    assert_eq!(quoted.id(), bare.id());
+    assert_eq!(server.payments().await, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_reordered_json_body_is_the_same_request() {
+    let server = TestServer::start().await;
+    let first = send(server.post(ALICE, Some("reorder-key-001"), BODY)).await;
+    let reordered = send(server.post(
+        ALICE,
+        Some("reorder-key-001"),
+        "{\n  \"currency\":\"INR\",\n  \"amount\":49900\n}",
+    ))
+    .await;
+    assert_eq!(reordered.status, 201);
+    assert!(reordered.replayed());
+    assert_eq!(reordered.id(), first.id());
+    assert_eq!(server.payments().await, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_changed_body_is_422_and_the_stored_record_is_untouched() {
+    let server = TestServer::start().await;
+    let first = send(server.post(ALICE, Some("mismatch-key-01"), BODY)).await;
+    let changed = send(server.post(
+        ALICE,
+        Some("mismatch-key-01"),
+        r#"{"amount": 49901, "currency": "INR"}"#,
+    ))
+    .await;
+    assert_eq!(changed.status, 422);
+    assert_eq!(changed.problem_type(), "urn:idem:problem:mismatch");
+    // The original still replays, and no second payment exists.
+    let again = send(server.post(ALICE, Some("mismatch-key-01"), BODY)).await;
+    assert!(again.replayed());
+    assert_eq!(again.id(), first.id());
+    assert_eq!(server.payments().await, 1);
+    let amount: i64 = server.count("SELECT amount FROM payments").await;
+    assert_eq!(amount, 49900);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn numbers_are_compared_as_written() {
+    let server = TestServer::start().await;
+    send(server.post(
+        ALICE,
+        Some("numbers-key-001"),
+        r#"{"amount": 1, "currency": "INR"}"#,
+    ))
+    .await;
+    let as_float = send(server.post(
+        ALICE,
+        Some("numbers-key-001"),
+        r#"{"amount": 1.0, "currency": "INR"}"#,
+    ))
+    .await;
+    assert_eq!(as_float.status, 422, "1 and 1.0 are different requests");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_same_key_from_another_account_is_an_unrelated_request() {
+    let server = TestServer::start().await;
+    let alice = send(server.post(ALICE, Some("shared-key-0001"), BODY)).await;
+    let bob = send(server.post(BOB, Some("shared-key-0001"), BODY)).await;
+    assert_eq!((alice.status, bob.status), (201, 201));
+    assert!(!bob.replayed());
+    assert_ne!(alice.id(), bob.id());
+    assert_eq!(server.payments().await, 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn another_account_cannot_read_a_payment() {
+    let server = TestServer::start().await;
+    let alice = send(server.post(ALICE, Some("private-key-001"), BODY)).await;
+    let url = format!("{}/payments/{}", server.url, alice.id());
+    let by_bob = send(server.client.get(&url).bearer_auth(BOB)).await;
+    assert_eq!(by_bob.status, 404);
+    assert_eq!(by_bob.problem_type(), "urn:idem:problem:not-found");
+    let by_alice = send(server.client.get(&url).bearer_auth(ALICE)).await;
+    assert_eq!(by_alice.status, 200);
+    assert_eq!(by_alice.body["amount"], 49900);
+
+    let bobs_list = send(
+        server
+            .client
+            .get(format!("{}/payments", server.url))
+            .bearer_auth(BOB),
+    )
+    .await;
+    assert_eq!(bobs_list.body["data"].as_array().unwrap().len(), 0);
+    let alices_list = send(
+        server
+            .client
+            .get(format!("{}/payments", server.url))
+            .bearer_auth(ALICE),
+    )
+    .await;
+    assert_eq!(alices_list.body["data"][0]["id"], alice.id());
+    let anonymous = send(server.client.get(&url)).await;
+    assert_eq!(anonymous.status, 401);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_key_past_its_retention_is_new() {
+    let server = TestServer::start().await;
+    let first = send(server.post(ALICE, Some("retention-key-1"), BODY)).await;
+    server.clock.advance(Duration::from_secs(24 * 3600 - 1));
+    let within = send(server.post(ALICE, Some("retention-key-1"), BODY)).await;
+    assert!(within.replayed());
+    server.clock.advance(Duration::from_secs(1));
+    let after = send(server.post(ALICE, Some("retention-key-1"), BODY)).await;
+    assert_eq!(after.status, 201);
+    assert!(!after.replayed());
+    assert_ne!(after.id(), first.id());
+    assert_eq!(server.payments().await, 2);
+    // The new payment holds the key; the old one keeps it as retired.
+    let retired: i64 = server
+        .count("SELECT COUNT(*) FROM payments WHERE retired_idem_key = 'retention-key-1'")
+        .await;
+    assert_eq!(retired, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_before_any_work() {
+    let server = TestServer::start().await;
+    let big = format!(
+        r#"{{"amount": 1, "currency": "INR", "note": "{}"}}"#,
+        "x".repeat(2 * 1024 * 1024)
+    );
+    let answer = send(server.post(ALICE, Some("big-body-key-01"), &big)).await;
+    assert_eq!(answer.status, 413);
+    assert_eq!(answer.problem_type(), "urn:idem:problem:body-too-large");
+    assert_eq!((server.keys().await, server.payments().await), (0, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_rejected_request_is_not_stored_so_the_fixed_request_succeeds_with_the_same_key() {
+    let server = TestServer::start().await;
+    for bad in [
+        r#"{"amount": -5, "currency": "INR"}"#,
+        r#"{"amount": 10.5, "currency": "INR"}"#,
+        r#"{"amount": "10", "currency": "INR"}"#,
+        r#"{"amount": 10, "currency": "inr"}"#,
+        r#"{"amount": 10}"#,
+    ] {
+        let answer = send(server.post(ALICE, Some("fixable-key-001"), bad)).await;
+        assert_eq!(answer.status, 400, "{bad}");
+        assert_eq!(answer.problem_type(), "urn:idem:problem:validation");
+    }
+    assert_eq!((server.keys().await, server.payments().await), (0, 0));
+    let fixed = send(server.post(ALICE, Some("fixable-key-001"), BODY)).await;
+    assert_eq!(fixed.status, 201);
+    assert!(!fixed.replayed());
+    assert_eq!(server.payments().await, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn duplicate_json_members_are_400_and_not_stored() {
+    let server = TestServer::start().await;
+    let answer = send(server.post(
+        ALICE,
+        Some("duplicate-key-01"),
+        r#"{"amount": 1, "amount": 100000, "currency": "INR"}"#,
+    ))
+    .await;
+    assert_eq!(answer.status, 400);
+    assert_eq!(answer.problem_type(), "urn:idem:problem:malformed-body");
+    assert_eq!((server.keys().await, server.payments().await), (0, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_503_with_retry_after_and_nothing_is_processed() {
+    let server = TestServer::start().await;
+    // Another process-like holder takes SQLite's write lock and keeps it past busy_timeout.
+    let blocker = server.db().await;
+    let mut lock = blocker.acquire().await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+
+    let answer = send(server.post(ALICE, Some("outage-key-0001"), BODY)).await;
+    assert_eq!(answer.status, 503);
+    assert_eq!(answer.problem_type(), "urn:idem:problem:store-unavailable");
+    assert!(answer.headers.get("retry-after").is_some());
+
+    sqlx::query("ROLLBACK").execute(&mut *lock).await.unwrap();
+    drop(lock);
+    blocker.close().await;
+    assert_eq!(
+        server.payments().await,
+        0,
+        "never processed without its key record"
+    );
+    let retry = send(server.post(ALICE, Some("outage-key-0001"), BODY)).await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(server.payments().await, 1);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_published_rules_health_and_metrics() {
+    let server = TestServer::start_with(|c| c.policy.retention = Duration::from_secs(3600)).await;
+    let policy = send(
+        server
+            .client
+            .get(format!("{}/idempotency-policy", server.url)),
+    )
+    .await;
+    assert_eq!(policy.status, 200);
+    assert_eq!(policy.body["header"], "Idempotency-Key");
+    assert_eq!(policy.body["retention_seconds"], 3600);
+    assert_eq!(
+        policy.body["covered_methods"],
+        serde_json::json!(["POST", "PATCH"])
+    );
+    assert_eq!(policy.body["key_min_length"], 8);
+    assert_eq!(policy.body["key_max_length"], 255);
+    assert!(policy.body["scope"].as_str().unwrap().contains("account"));
+    assert!(policy.body["mismatch"].as_str().unwrap().starts_with("422"));
+
+    let health = send(server.client.get(format!("{}/healthz", server.url))).await;
+    assert_eq!(health.body["status"], "ok");
+
+    send(server.post(ALICE, Some("metrics-key-001"), BODY)).await;
+    send(server.post(ALICE, Some("metrics-key-001"), BODY)).await;
+    let metrics = server
+        .client
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("idem_requests_total{outcome=\"fresh\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("idem_requests_total{outcome=\"replay\"}"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
