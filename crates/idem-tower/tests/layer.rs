@@ -1,0 +1,410 @@
+//! The layer around a scripted axum handler, over real TCP: in-flight duplicates, rollbacks,
+//! leases, hang-ups, the storage cap and header rules.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use idem_core::{ManualClock, Policy, Timestamp};
+use idem_store::{SqliteStore, SqliteTx};
+use idem_tower::{IdempotencyLayer, Outcome, Tx};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Notify, Semaphore};
+
+/// What the scripted handler does, read from its JSON body.
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct Script {
+    status: Option<u16>,
+    gate: bool,
+    body_len: usize,
+    release: bool,
+}
+
+#[derive(Clone)]
+struct Handler {
+    calls: Arc<AtomicUsize>,
+    entered: Arc<Notify>,
+    gate: Arc<Semaphore>,
+}
+
+impl Handler {
+    fn new() -> Self {
+        Self {
+            calls: Arc::new(AtomicUsize::new(0)),
+            entered: Arc::new(Notify::new()),
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    async fn run(&self, body: &Bytes) -> Response {
+        let script: Script = serde_json::from_slice(body).unwrap_or_default();
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.entered.notify_one();
+        if script.gate {
+            self.gate.acquire().await.unwrap().forget();
+        }
+        let status = StatusCode::from_u16(script.status.unwrap_or(201)).unwrap();
+        let mut response = (
+            status,
+            [
+                ("content-type", "text/plain"),
+                ("set-cookie", "session=secret"),
+                ("x-trace", "kept-if-allowed"),
+            ],
+            "b".repeat(script.body_len.max(1)),
+        )
+            .into_response();
+        if script.release {
+            response.extensions_mut().insert(Outcome::Release);
+        }
+        response
+    }
+}
+
+async fn tx_handler(State(h): State<Handler>, mut tx: Tx<SqliteTx>, body: Bytes) -> Response {
+    sqlx::query("INSERT INTO effects (n) VALUES (1)")
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+    h.run(&body).await
+}
+
+async fn lease_handler(State(h): State<Handler>, body: Bytes) -> Response {
+    h.run(&body).await
+}
+
+struct App {
+    url: String,
+    handler: Handler,
+    store: SqliteStore,
+    clock: ManualClock,
+    client: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Transaction,
+    Lease,
+}
+
+async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("t.db")).await.unwrap();
+    sqlx::query("CREATE TABLE effects (n INTEGER)")
+        .execute(store.writer())
+        .await
+        .unwrap();
+    let clock = ManualClock::new(Timestamp(1_800_000_000_000));
+    let mut policy = Policy::default();
+    adjust(&mut policy);
+    let handler = Handler::new();
+    let router = match kind {
+        Kind::Transaction => Router::new().route("/work", post(tx_handler)).layer(
+            IdempotencyLayer::transactional(store.clone())
+                .with_policy(policy)
+                .with_clock(clock.clone()),
+        ),
+        Kind::Lease => Router::new().route("/work", post(lease_handler)).layer(
+            IdempotencyLayer::leased(store.clone())
+                .with_policy(policy)
+                .with_clock(clock.clone()),
+        ),
+    }
+    .with_state(handler.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/work", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    App {
+        url,
+        handler,
+        store,
+        clock,
+        client: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+impl App {
+    async fn send(&self, key: Option<&str>, body: &str) -> (u16, HeaderMap, Bytes) {
+        let mut req = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let response = req.send().await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        (status, headers, response.bytes().await.unwrap())
+    }
+
+    fn calls(&self) -> usize {
+        self.handler.calls.load(Ordering::SeqCst)
+    }
+
+    async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.store.readers())
+            .await
+            .unwrap()
+    }
+}
+
+fn replayed(headers: &HeaderMap) -> bool {
+    headers
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_mode_duplicate_waits_for_the_original_then_replays() {
+    let app = Arc::new(start(Kind::Transaction, |_| {}).await);
+    let body = r#"{"gate": true}"#;
+    let original = tokio::spawn({
+        let app = app.clone();
+        async move { app.send(Some("in-flight-key-1"), body).await }
+    });
+    app.handler.entered.notified().await;
+    let duplicate = tokio::spawn({
+        let app = app.clone();
+        async move { app.send(Some("in-flight-key-1"), body).await }
+    });
+    app.handler.gate.add_permits(1);
+    let (s1, h1, b1) = original.await.unwrap();
+    let (s2, h2, b2) = duplicate.await.unwrap();
+    assert_eq!((s1, s2), (201, 201));
+    assert!(!replayed(&h1));
+    assert!(replayed(&h2));
+    assert_eq!(b1, b2);
+    assert_eq!(app.calls(), 1);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_mode_wait_is_bounded_then_409_with_retry_after() {
+    let app = Arc::new(
+        start(Kind::Transaction, |p| {
+            p.in_flight_wait = Duration::from_millis(300)
+        })
+        .await,
+    );
+    let body = r#"{"gate": true}"#;
+    let original = tokio::spawn({
+        let app = app.clone();
+        async move { app.send(Some("bounded-key-001"), body).await }
+    });
+    app.handler.entered.notified().await;
+    let (status, headers, problem) = app.send(Some("bounded-key-001"), body).await;
+    assert_eq!(status, 409);
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
+    let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:in-use");
+    app.handler.gate.add_permits(1);
+    assert_eq!(original.await.unwrap().0, 201);
+    let (status, headers, _) = app.send(Some("bounded-key-001"), body).await;
+    assert_eq!(status, 201);
+    assert!(replayed(&headers));
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test]
+async fn transaction_mode_5xx_rolls_back_key_and_writes_so_a_retry_runs_fresh() {
+    let app = start(Kind::Transaction, |_| {}).await;
+    let (status, _, _) = app
+        .send(Some("rollback-key-01"), r#"{"status": 500}"#)
+        .await;
+    assert_eq!(status, 500);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 0);
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+    // A retry is a fresh attempt (here it fails the same way, and runs again).
+    app.send(Some("rollback-key-01"), r#"{"status": 500}"#)
+        .await;
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test]
+async fn business_4xx_is_stored_but_a_validation_400_is_not() {
+    let app = start(Kind::Transaction, |_| {}).await;
+    let (status, _, _) = app
+        .send(Some("declined-key-01"), r#"{"status": 402}"#)
+        .await;
+    assert_eq!(status, 402);
+    let (status, headers, _) = app
+        .send(Some("declined-key-01"), r#"{"status": 402}"#)
+        .await;
+    assert_eq!(status, 402);
+    assert!(replayed(&headers));
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+
+    app.send(Some("invalid-key-001"), r#"{"status": 400}"#)
+        .await;
+    let (_, headers, _) = app
+        .send(Some("invalid-key-001"), r#"{"status": 400}"#)
+        .await;
+    assert!(!replayed(&headers));
+    assert_eq!(app.calls(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_mode_duplicate_gets_409_with_retry_after_while_the_original_runs() {
+    let app = Arc::new(start(Kind::Lease, |_| {}).await);
+    let body = r#"{"gate": true}"#;
+    let original = tokio::spawn({
+        let app = app.clone();
+        async move { app.send(Some("lease-key-00001"), body).await }
+    });
+    app.handler.entered.notified().await;
+    let (status, headers, problem) = app.send(Some("lease-key-00001"), body).await;
+    assert_eq!(status, 409);
+    assert_eq!(headers.get("retry-after").unwrap(), "30");
+    let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:in-use");
+    app.handler.gate.add_permits(1);
+    assert_eq!(original.await.unwrap().0, 201);
+    let (_, headers, _) = app.send(Some("lease-key-00001"), body).await;
+    assert!(replayed(&headers));
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test]
+async fn lease_mode_5xx_keeps_the_key_until_its_lease_runs_out() {
+    let app = start(Kind::Lease, |_| {}).await;
+    let (status, _, _) = app
+        .send(Some("unknown-key-001"), r#"{"status": 502}"#)
+        .await;
+    assert_eq!(status, 502);
+    // The outcome is unknown: a retry within the lease is told to wait.
+    let (status, headers, _) = app
+        .send(Some("unknown-key-001"), r#"{"status": 502}"#)
+        .await;
+    assert_eq!(status, 409);
+    assert!(headers.get("retry-after").is_some());
+    assert_eq!(app.calls(), 1);
+    // After the lease the same request takes the key over and runs again.
+    app.clock.advance(Duration::from_secs(31));
+    let (status, _, _) = app
+        .send(Some("unknown-key-001"), r#"{"status": 201}"#)
+        .await;
+    assert_eq!(status, 422, "a different request may not take over");
+    let (status, _, _) = app
+        .send(Some("unknown-key-001"), r#"{"status": 502}"#)
+        .await;
+    assert_eq!(status, 502);
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test]
+async fn lease_mode_release_lets_a_retry_run_fresh() {
+    let app = start(Kind::Lease, |_| {}).await;
+    let body = r#"{"status": 503, "release": true}"#;
+    app.send(Some("release-key-001"), body).await;
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+    app.send(Some("release-key-001"), body).await;
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_hanging_up_does_not_cancel_the_work() {
+    for kind in [Kind::Transaction, Kind::Lease] {
+        let app = start(kind, |_| {}).await;
+        let body = r#"{"gate": true}"#;
+        let addr = app
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches("/work");
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!(
+            "POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: hangup-key-0001\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(request.as_bytes()).await.unwrap();
+        app.handler.entered.notified().await;
+        drop(socket);
+        app.handler.gate.add_permits(1);
+        // The retry finds the finished record (waiting for it in transaction mode, or 409
+        // until it lands in lease mode).
+        let mut answer = app.send(Some("hangup-key-0001"), body).await;
+        for _ in 0..50 {
+            if answer.0 != 409 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            answer = app.send(Some("hangup-key-0001"), body).await;
+        }
+        assert_eq!(answer.0, 201);
+        assert!(replayed(&answer.1));
+        assert_eq!(app.calls(), 1);
+    }
+}
+
+#[tokio::test]
+async fn a_response_over_the_storage_cap_passes_whole_and_replays_without_body() {
+    let app = start(Kind::Transaction, |p| p.storage_cap = 100).await;
+    let body = r#"{"body_len": 1000}"#;
+    let (status, _, first) = app.send(Some("big-reply-key-1"), body).await;
+    assert_eq!((status, first.len()), (201, 1000));
+    let (status, headers, again) = app.send(Some("big-reply-key-1"), body).await;
+    assert_eq!(status, 201);
+    assert!(replayed(&headers));
+    assert_eq!(headers.get("idempotent-replay").unwrap(), "omitted");
+    assert_eq!(headers.get("content-type").unwrap(), "text/plain");
+    assert!(again.is_empty());
+    assert_eq!(app.calls(), 1);
+}
+
+#[tokio::test]
+async fn only_allow_listed_headers_are_stored_and_never_set_cookie() {
+    let app = start(Kind::Transaction, |p| {
+        p.stored_headers = vec!["x-trace".into(), "set-cookie".into()]
+    })
+    .await;
+    let (_, first, _) = app.send(Some("headers-key-001"), "{}").await;
+    assert_eq!(first.get("set-cookie").unwrap(), "session=secret");
+    let (_, replay, _) = app.send(Some("headers-key-001"), "{}").await;
+    assert!(replayed(&replay));
+    assert_eq!(replay.get("x-trace").unwrap(), "kept-if-allowed");
+    assert_eq!(replay.get("content-type").unwrap(), "text/plain");
+    assert!(replay.get("set-cookie").is_none());
+}
+
+#[tokio::test]
+async fn keyless_requests_pass_through_when_keys_are_optional() {
+    let app = start(Kind::Lease, |p| p.require_key = false).await;
+    app.send(None, "{}").await;
+    app.send(None, "{}").await;
+    assert_eq!(app.calls(), 2);
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+}
+
+#[tokio::test]
+async fn a_chunked_body_over_the_limit_is_413() {
+    let app = start(Kind::Transaction, |p| p.body_limit = 1024).await;
+    let addr = app
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/work");
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let chunk = "x".repeat(600);
+    let request = format!(
+        "POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: chunked-key-001\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len(),
+        chunk.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = vec![0; 4096];
+    let n = socket.read(&mut reply).await.unwrap();
+    let reply = String::from_utf8_lossy(&reply[..n]);
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert_eq!(app.calls(), 0);
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+}
