@@ -105,8 +105,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let mut accounts: Vec<_> = config.tokens.iter().collect();
     accounts.sort_by(|a, b| a.1.cmp(b.1));
+    println!(
+        "idem serve: listening on http://{} (database {})",
+        listener.local_addr()?,
+        config.database
+    );
     for (token, account) in accounts {
-        tracing::info!(%account, token = %token, "sandbox token");
+        println!("  sandbox token {token} -> account {account}");
     }
     serve(listener, config, shutdown_signal()).await
 }

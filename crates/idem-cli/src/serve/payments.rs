@@ -49,20 +49,20 @@ fn invalid(detail: &str) -> Response {
 }
 
 /// Validates `{"amount": <positive integer>, "currency": "<3 capital letters>"}`.
-fn parse_request(body: &[u8]) -> Result<(i64, String), Response> {
+fn parse_request(body: &[u8]) -> Result<(i64, String), String> {
     let value: Value =
-        serde_json::from_slice(body).map_err(|e| invalid(&format!("the body is not JSON: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
     let amount = value
         .get("amount")
         .and_then(Value::as_i64)
         .filter(|a| *a > 0)
         // as_i64 refuses 1.0 and "1": amounts are integers in minor units.
-        .ok_or_else(|| invalid("amount must be a positive integer (minor units)"))?;
+        .ok_or("amount must be a positive integer (minor units)")?;
     let currency = value
         .get("currency")
         .and_then(Value::as_str)
         .filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()))
-        .ok_or_else(|| invalid("currency must be three capital letters, such as \"INR\""))?;
+        .ok_or("currency must be three capital letters, such as \"INR\"")?;
     Ok((amount, currency.to_owned()))
 }
 
@@ -76,7 +76,7 @@ pub(crate) async fn create(
 ) -> Response {
     let (amount, currency) = match parse_request(&body) {
         Ok(parsed) => parsed,
-        Err(response) => return response,
+        Err(detail) => return invalid(&detail),
     };
     let now = app.clock.now();
     let id = format!("pay_{}", uuid::Uuid::now_v7().simple());
