@@ -379,3 +379,18 @@ async fn the_published_rules_health_and_metrics() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn with_keys_optional_a_keyless_post_is_processed_every_time() {
+    let server = TestServer::start_with(|c| c.policy.require_key = false).await;
+    let a = send(server.post(ALICE, None, BODY)).await;
+    let b = send(server.post(ALICE, None, BODY)).await;
+    assert_eq!((a.status, b.status), (201, 201));
+    assert_ne!(a.id(), b.id(), "no key, no protection: two payments");
+    let keyed = send(server.post(ALICE, Some("optional-key-01"), BODY)).await;
+    let again = send(server.post(ALICE, Some("optional-key-01"), BODY)).await;
+    assert!(again.replayed());
+    assert_eq!(again.id(), keyed.id());
+    assert_eq!(server.payments().await, 3);
+    server.stop().await;
+}

@@ -2,7 +2,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use idem_core::ProblemKind;
@@ -74,5 +74,25 @@ impl<S: Send + Sync, T: Send + 'static> FromRequestParts<S> for Tx<T> {
             return Err(NoTransaction);
         }
         Ok(Tx(guard))
+    }
+}
+
+/// `Option<Tx<T>>`: `None` when the layer opened no transaction (a keyless request on a route
+/// whose keys are optional), so the handler can open its own.
+impl<S: Send + Sync, T: Send + 'static> OptionalFromRequestParts<S> for Tx<T> {
+    type Rejection = NoTransaction;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        let Some(slot) = parts.extensions.get::<TxSlot<T>>().cloned() else {
+            return Ok(None);
+        };
+        let guard = slot.lock_owned().await;
+        if guard.is_none() {
+            return Err(NoTransaction);
+        }
+        Ok(Some(Tx(guard)))
     }
 }

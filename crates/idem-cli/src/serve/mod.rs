@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// How long a duplicate waits for the original before 409, in seconds.
     #[arg(long, default_value_t = 10)]
     pub in_flight_wait_secs: u64,
+    /// Accept POSTs without an Idempotency-Key (processed with no protection). For
+    /// experiments such as `idem simulate`; never in production.
+    #[arg(long)]
+    pub key_optional: bool,
 }
 
 fn parse_token(s: &str) -> Result<(String, String), String> {
@@ -93,6 +97,7 @@ impl ServeConfig {
         }
         config.policy.retention = Duration::from_secs(args.retention_secs);
         config.policy.in_flight_wait = Duration::from_secs(args.in_flight_wait_secs);
+        config.policy.require_key = !args.key_optional;
         config
     }
 }

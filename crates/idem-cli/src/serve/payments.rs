@@ -21,6 +21,8 @@ struct Payment {
     amount: i64,
     currency: String,
     status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reference: Option<String>,
     created_at: i64,
 }
 
@@ -48,8 +50,16 @@ fn invalid(detail: &str) -> Response {
     )
 }
 
-/// Validates `{"amount": <positive integer>, "currency": "<3 capital letters>"}`.
-fn parse_request(body: &[u8]) -> Result<(i64, String), String> {
+/// A validated payment request.
+struct NewPayment {
+    amount: i64,
+    currency: String,
+    reference: Option<String>,
+}
+
+/// Validates `{"amount": <positive integer>, "currency": "<3 capital letters>"}` with an
+/// optional `"reference"` string of at most 255 bytes.
+fn parse_request(body: &[u8]) -> Result<NewPayment, String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
     let amount = value
@@ -63,51 +73,52 @@ fn parse_request(body: &[u8]) -> Result<(i64, String), String> {
         .and_then(Value::as_str)
         .filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()))
         .ok_or("currency must be three capital letters, such as \"INR\"")?;
-    Ok((amount, currency.to_owned()))
+    let reference = match value.get("reference") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(r)) if r.len() <= 255 => Some(r.clone()),
+        Some(_) => return Err("reference must be a string of at most 255 bytes".into()),
+    };
+    Ok(NewPayment {
+        amount,
+        currency: currency.to_owned(),
+        reference,
+    })
 }
 
-/// `POST /payments`. Runs inside the transaction the idempotency layer opened, so the payment
-/// and the key's stored response commit together.
+/// `POST /payments`. With a key it runs inside the transaction the idempotency layer opened,
+/// so the payment and the key's stored response commit together. Without one (only when the
+/// service runs with `--key-optional`, for experiments) it opens its own.
 pub(crate) async fn create(
     State(app): State<App>,
-    Extension(scope): Extension<Scope>,
-    mut tx: Tx<SqliteTx>,
+    Extension(account): Extension<AccountId>,
+    scope: Option<Extension<Scope>>,
+    tx: Option<Tx<SqliteTx>>,
     body: Bytes,
 ) -> Response {
-    let (amount, currency) = match parse_request(&body) {
+    let request = match parse_request(&body) {
         Ok(parsed) => parsed,
         Err(detail) => return invalid(&detail),
     };
-    let now = app.clock.now();
-    let id = format!("pay_{}", uuid::Uuid::now_v7().simple());
-    let account = scope.account.as_str();
-    let key = scope.key.as_str();
-    // A key reused after its retention is a new request: its old payment gives the key up.
-    let retire = sqlx::query(
-        "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
-         WHERE account_id = ?1 AND idem_key = ?2 AND created_at <= ?3",
-    )
-    .bind(account)
-    .bind(key)
-    .bind(now.0 - app.policy.retention.as_millis() as i64)
-    .execute(&mut **tx)
-    .await;
-    let insert = match retire {
-        Ok(_) => sqlx::query(
-            "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'succeeded', ?6)",
-        )
-        .bind(&id)
-        .bind(account)
-        .bind(key)
-        .bind(amount)
-        .bind(&currency)
-        .bind(now.0)
-        .execute(&mut **tx)
-        .await,
-        Err(e) => Err(e),
+    let payment = Payment {
+        id: format!("pay_{}", uuid::Uuid::now_v7().simple()),
+        amount: request.amount,
+        currency: request.currency,
+        reference: request.reference,
+        status: "succeeded".into(),
+        created_at: app.clock.now().0,
     };
-    if let Err(e) = insert {
+    let key = scope.as_ref().map(|Extension(scope)| scope.key.as_str());
+    let inserted = match tx {
+        Some(mut tx) => insert(&app, &mut tx, account.as_str(), key, &payment).await,
+        None => match app.store.writer().begin().await {
+            Ok(mut own) => match insert(&app, &mut own, account.as_str(), key, &payment).await {
+                Ok(()) => own.commit().await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        },
+    };
+    if let Err(e) = inserted {
         // A unique violation here means the idempotency layer let a duplicate through: the
         // safety net held. Either way nothing is committed (5xx rolls back).
         let safety_net = e
@@ -121,19 +132,48 @@ pub(crate) async fn create(
             "nothing was charged; retry with the same key",
         );
     }
-    let payment = Payment {
-        id: id.clone(),
-        amount,
-        currency,
-        status: "succeeded".into(),
-        created_at: now.0,
-    };
     (
         StatusCode::CREATED,
-        [(header::LOCATION, format!("/payments/{id}"))],
+        [(header::LOCATION, format!("/payments/{}", payment.id))],
         Json(payment),
     )
         .into_response()
+}
+
+async fn insert(
+    app: &App,
+    tx: &mut SqliteTx,
+    account: &str,
+    key: Option<&str>,
+    payment: &Payment,
+) -> Result<(), sqlx::Error> {
+    if let Some(key) = key {
+        // A key reused after its retention is a new request: its old payment gives it up.
+        sqlx::query(
+            "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
+             WHERE account_id = ?1 AND idem_key = ?2 AND created_at <= ?3",
+        )
+        .bind(account)
+        .bind(key)
+        .bind(payment.created_at - app.policy.retention.as_millis() as i64)
+        .execute(&mut **tx)
+        .await?;
+    }
+    sqlx::query(
+        "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, reference, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )
+    .bind(&payment.id)
+    .bind(account)
+    .bind(key)
+    .bind(payment.amount)
+    .bind(&payment.currency)
+    .bind(&payment.status)
+    .bind(&payment.reference)
+    .bind(payment.created_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 fn payment_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<Payment, sqlx::Error> {
@@ -142,6 +182,7 @@ fn payment_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<Payment, sqlx::Erro
         amount: row.try_get("amount")?,
         currency: row.try_get("currency")?,
         status: row.try_get("status")?,
+        reference: row.try_get("reference")?,
         created_at: row.try_get("created_at")?,
     })
 }
@@ -163,7 +204,7 @@ pub(crate) async fn show(
     Path(id): Path<String>,
 ) -> Response {
     let row = sqlx::query(
-        "SELECT id, amount, currency, status, created_at FROM payments
+        "SELECT id, amount, currency, status, reference, created_at FROM payments
          WHERE id = ?1 AND account_id = ?2",
     )
     .bind(&id)
@@ -191,7 +232,7 @@ pub(crate) async fn list(
     Extension(account): Extension<AccountId>,
 ) -> Response {
     let rows = sqlx::query(
-        "SELECT id, amount, currency, status, created_at FROM payments
+        "SELECT id, amount, currency, status, reference, created_at FROM payments
          WHERE account_id = ?1 ORDER BY created_at DESC, id DESC LIMIT 100",
     )
     .bind(account.as_str())
