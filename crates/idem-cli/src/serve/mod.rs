@@ -14,11 +14,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_core::{AccountId, Clock, Policy, SystemClock};
 use idem_store::{SqliteStore, sweep_all};
+
+use self::backend::Backend;
 use idem_tower::IdempotencyLayer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
 mod auth;
+mod backend;
 mod payments;
 
 /// `idem serve` flags.
@@ -127,7 +130,32 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = App::open(&config).await?;
+    let url = config.database.as_str();
+    if url.starts_with("sqlite:") {
+        serve_on(
+            SqliteStore::open_service(url).await?,
+            listener,
+            &config,
+            shutdown,
+        )
+        .await
+    } else {
+        anyhow::bail!("unsupported database URL {url:?}: expected sqlite://PATH")
+    }
+}
+
+async fn serve_on<B: Backend>(
+    store: B,
+    listener: TcpListener,
+    config: &ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = App {
+        store,
+        policy: Arc::new(config.policy.clone()),
+        clock: config.clock.clone(),
+        metrics: metrics_handle(),
+    };
     let addr = listener.local_addr()?;
     tracing::info!(%addr, database = %config.database, "idem serve listening");
 
@@ -148,7 +176,7 @@ pub async fn serve(
         })
     };
 
-    let router = app.router(&config);
+    let router = app.router(config);
     let result = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
@@ -159,36 +187,14 @@ pub async fn serve(
 
 /// Shared state of the service.
 #[derive(Debug, Clone)]
-pub(crate) struct App {
-    pub(crate) store: SqliteStore,
+pub(crate) struct App<B> {
+    pub(crate) store: B,
     pub(crate) policy: Arc<Policy>,
     pub(crate) clock: Arc<dyn Clock>,
     metrics: PrometheusHandle,
 }
 
-impl App {
-    async fn open(config: &ServeConfig) -> anyhow::Result<Self> {
-        let url = &config.database;
-        if !url.starts_with("sqlite:") {
-            anyhow::bail!("unsupported database URL {url:?}: expected sqlite://PATH");
-        }
-        let store = SqliteStore::connect(url)
-            .await
-            .with_context(|| format!("cannot open the database {url}"))?;
-        let mut migrator = sqlx::migrate!("migrations/sqlite");
-        migrator.dangerous_set_table_name("idem_serve_migrations");
-        migrator
-            .run(store.writer())
-            .await
-            .context("cannot migrate the payments schema")?;
-        Ok(Self {
-            store,
-            policy: Arc::new(config.policy.clone()),
-            clock: config.clock.clone(),
-            metrics: metrics_handle(),
-        })
-    }
-
+impl<B: Backend> App<B> {
     fn router(&self, config: &ServeConfig) -> Router {
         let idempotency = IdempotencyLayer::transactional(self.store.clone())
             .with_policy(config.policy.clone())
@@ -197,9 +203,9 @@ impl App {
         let api = Router::new()
             .route(
                 "/payments",
-                axum::routing::post(payments::create).get(payments::list),
+                axum::routing::post(payments::create::<B>).get(payments::list::<B>),
             )
-            .route("/payments/{id}", get(payments::show))
+            .route("/payments/{id}", get(payments::show::<B>))
             // The layer covers POST and PATCH; authentication runs before it, so the account
             // is known when the key is scoped.
             .layer(idempotency)
@@ -208,9 +214,9 @@ impl App {
                 auth::authenticate,
             ));
         Router::new()
-            .route("/healthz", get(healthz))
-            .route("/metrics", get(metrics))
-            .route("/idempotency-policy", get(policy))
+            .route("/healthz", get(healthz::<B>))
+            .route("/metrics", get(metrics::<B>))
+            .route("/idempotency-policy", get(policy::<B>))
             .merge(api)
             .with_state(self.clone())
     }
@@ -240,8 +246,8 @@ fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-async fn healthz(State(app): State<App>) -> Response {
-    match sqlx::query("SELECT 1").execute(app.store.readers()).await {
+async fn healthz<B: Backend>(State(app): State<App<B>>) -> Response {
+    match app.store.ping().await {
         Ok(_) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -251,7 +257,7 @@ async fn healthz(State(app): State<App>) -> Response {
     }
 }
 
-async fn metrics(State(app): State<App>) -> Response {
+async fn metrics<B: Backend>(State(app): State<App<B>>) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,
@@ -262,7 +268,7 @@ async fn metrics(State(app): State<App>) -> Response {
         .into_response()
 }
 
-async fn policy(State(app): State<App>) -> Response {
+async fn policy<B: Backend>(State(app): State<App<B>>) -> Response {
     axum::Json(app.policy.published("transaction")).into_response()
 }
 

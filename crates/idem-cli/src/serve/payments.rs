@@ -6,25 +6,11 @@ use axum::extract::{Extension, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idem_core::{AccountId, Scope};
-use idem_store::SqliteTx;
 use idem_tower::Tx;
-use serde::Serialize;
 use serde_json::Value;
-use sqlx::Row;
 
 use super::App;
-
-/// A payment as the API shows it.
-#[derive(Debug, Serialize)]
-struct Payment {
-    id: String,
-    amount: i64,
-    currency: String,
-    status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    reference: Option<String>,
-    created_at: i64,
-}
+use super::backend::{Backend, Payment};
 
 /// A problem-details response for the service's own errors (validation, not found).
 pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response {
@@ -88,11 +74,11 @@ fn parse_request(body: &[u8]) -> Result<NewPayment, String> {
 /// `POST /payments`. With a key it runs inside the transaction the idempotency layer opened,
 /// so the payment and the key's stored response commit together. Without one (only when the
 /// service runs with `--key-optional`, for experiments) it opens its own.
-pub(crate) async fn create(
-    State(app): State<App>,
+pub(crate) async fn create<B: Backend>(
+    State(app): State<App<B>>,
     Extension(account): Extension<AccountId>,
     scope: Option<Extension<Scope>>,
-    tx: Option<Tx<SqliteTx>>,
+    tx: Option<Tx<B::Tx>>,
     body: Bytes,
 ) -> Response {
     let request = match parse_request(&body) {
@@ -108,13 +94,20 @@ pub(crate) async fn create(
         created_at: app.clock.now().0,
     };
     let key = scope.as_ref().map(|Extension(scope)| scope.key.as_str());
+    let retired_before = payment.created_at - app.policy.retention.as_millis() as i64;
     let inserted = match tx {
-        Some(mut tx) => insert(&app, &mut tx, account.as_str(), key, &payment).await,
-        None => match app.store.writer().begin().await {
-            Ok(mut own) => match insert(&app, &mut own, account.as_str(), key, &payment).await {
-                Ok(()) => own.commit().await,
-                Err(e) => Err(e),
-            },
+        Some(mut tx) => {
+            B::insert_payment(&mut tx, account.as_str(), key, retired_before, &payment).await
+        }
+        None => match app.store.begin().await {
+            Ok(mut own) => {
+                match B::insert_payment(&mut own, account.as_str(), key, retired_before, &payment)
+                    .await
+                {
+                    Ok(()) => B::commit(own).await,
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         },
     };
@@ -140,53 +133,6 @@ pub(crate) async fn create(
         .into_response()
 }
 
-async fn insert(
-    app: &App,
-    tx: &mut SqliteTx,
-    account: &str,
-    key: Option<&str>,
-    payment: &Payment,
-) -> Result<(), sqlx::Error> {
-    if let Some(key) = key {
-        // A key reused after its retention is a new request: its old payment gives it up.
-        sqlx::query(
-            "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
-             WHERE account_id = ?1 AND idem_key = ?2 AND created_at <= ?3",
-        )
-        .bind(account)
-        .bind(key)
-        .bind(payment.created_at - app.policy.retention.as_millis() as i64)
-        .execute(&mut **tx)
-        .await?;
-    }
-    sqlx::query(
-        "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, reference, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )
-    .bind(&payment.id)
-    .bind(account)
-    .bind(key)
-    .bind(payment.amount)
-    .bind(&payment.currency)
-    .bind(&payment.status)
-    .bind(&payment.reference)
-    .bind(payment.created_at)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
-fn payment_from_row(row: &sqlx::sqlite::SqliteRow) -> Result<Payment, sqlx::Error> {
-    Ok(Payment {
-        id: row.try_get("id")?,
-        amount: row.try_get("amount")?,
-        currency: row.try_get("currency")?,
-        status: row.try_get("status")?,
-        reference: row.try_get("reference")?,
-        created_at: row.try_get("created_at")?,
-    })
-}
-
 fn database_error(e: sqlx::Error) -> Response {
     tracing::error!(error = %e, "reading payments failed");
     problem(
@@ -198,24 +144,13 @@ fn database_error(e: sqlx::Error) -> Response {
 }
 
 /// `GET /payments/{id}`: only the owning account sees a payment; others get `404`.
-pub(crate) async fn show(
-    State(app): State<App>,
+pub(crate) async fn show<B: Backend>(
+    State(app): State<App<B>>,
     Extension(account): Extension<AccountId>,
     Path(id): Path<String>,
 ) -> Response {
-    let row = sqlx::query(
-        "SELECT id, amount, currency, status, reference, created_at FROM payments
-         WHERE id = ?1 AND account_id = ?2",
-    )
-    .bind(&id)
-    .bind(account.as_str())
-    .fetch_optional(app.store.readers())
-    .await;
-    match row {
-        Ok(Some(row)) => match payment_from_row(&row) {
-            Ok(payment) => Json(payment).into_response(),
-            Err(e) => database_error(e),
-        },
+    match app.store.find_payment(account.as_str(), &id).await {
+        Ok(Some(payment)) => Json(payment).into_response(),
         Ok(None) => problem(
             StatusCode::NOT_FOUND,
             "not-found",
@@ -227,22 +162,11 @@ pub(crate) async fn show(
 }
 
 /// `GET /payments`: the account's payments, newest first (at most 100).
-pub(crate) async fn list(
-    State(app): State<App>,
+pub(crate) async fn list<B: Backend>(
+    State(app): State<App<B>>,
     Extension(account): Extension<AccountId>,
 ) -> Response {
-    let rows = sqlx::query(
-        "SELECT id, amount, currency, status, reference, created_at FROM payments
-         WHERE account_id = ?1 ORDER BY created_at DESC, id DESC LIMIT 100",
-    )
-    .bind(account.as_str())
-    .fetch_all(app.store.readers())
-    .await;
-    match rows.and_then(|rows| {
-        rows.iter()
-            .map(payment_from_row)
-            .collect::<Result<Vec<_>, _>>()
-    }) {
+    match app.store.list_payments(account.as_str(), 100).await {
         Ok(data) => Json(serde_json::json!({ "data": data })).into_response(),
         Err(e) => database_error(e),
     }

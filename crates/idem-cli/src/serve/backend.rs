@@ -1,0 +1,167 @@
+//! The service's own tables, per database: `idem serve` runs on SQLite or PostgreSQL with the
+//! same handlers, and only the SQL differs.
+
+use std::future::Future;
+
+use anyhow::Context as _;
+use idem_store::{SqliteStore, SqliteTx, TransactionalStore};
+use serde::Serialize;
+use sqlx::Row;
+
+/// A payment as stored and as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Payment {
+    pub(crate) id: String,
+    pub(crate) amount: i64,
+    pub(crate) currency: String,
+    pub(crate) status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) reference: Option<String>,
+    pub(crate) created_at: i64,
+}
+
+/// A record store that also holds the service's payments.
+pub(crate) trait Backend: TransactionalStore {
+    /// Connects, applies the store's and the service's migrations.
+    fn open_service(url: &str) -> impl Future<Output = anyhow::Result<Self>> + Send;
+
+    /// Opens a transaction of the service's own (for requests without a key).
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, sqlx::Error>> + Send;
+
+    /// Commits a transaction opened with [`Backend::begin`].
+    fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Inserts `payment` in `tx`. With a key, first retires the key from a payment made before
+    /// `retired_before` (a key past its retention is a new request).
+    fn insert_payment<'a>(
+        tx: &'a mut Self::Tx,
+        account: &'a str,
+        key: Option<&'a str>,
+        retired_before: i64,
+        payment: &'a Payment,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// The account's payment `id`, if it has one.
+    fn find_payment(
+        &self,
+        account: &str,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<Payment>, sqlx::Error>> + Send;
+
+    /// The account's latest payments, newest first.
+    fn list_payments(
+        &self,
+        account: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<Payment>, sqlx::Error>> + Send;
+
+    /// Checks that the database answers.
+    fn ping(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+fn payment_from_row<R: Row>(row: &R) -> Result<Payment, sqlx::Error>
+where
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(Payment {
+        id: row.try_get("id")?,
+        amount: row.try_get("amount")?,
+        currency: row.try_get("currency")?,
+        status: row.try_get("status")?,
+        reference: row.try_get("reference")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+impl Backend for SqliteStore {
+    async fn open_service(url: &str) -> anyhow::Result<Self> {
+        let store = SqliteStore::connect(url)
+            .await
+            .with_context(|| format!("cannot open the database {url}"))?;
+        let mut migrator = sqlx::migrate!("migrations/sqlite");
+        migrator.dangerous_set_table_name("idem_serve_migrations");
+        migrator
+            .run(store.writer())
+            .await
+            .context("cannot migrate the payments schema")?;
+        Ok(store)
+    }
+
+    async fn begin(&self) -> Result<SqliteTx, sqlx::Error> {
+        self.writer().begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn commit(tx: SqliteTx) -> Result<(), sqlx::Error> {
+        tx.commit().await
+    }
+
+    async fn insert_payment<'a>(
+        tx: &'a mut SqliteTx,
+        account: &'a str,
+        key: Option<&'a str>,
+        retired_before: i64,
+        payment: &'a Payment,
+    ) -> Result<(), sqlx::Error> {
+        if let Some(key) = key {
+            sqlx::query(
+                "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
+                 WHERE account_id = ?1 AND idem_key = ?2 AND created_at <= ?3",
+            )
+            .bind(account)
+            .bind(key)
+            .bind(retired_before)
+            .execute(&mut **tx)
+            .await?;
+        }
+        sqlx::query(
+            "INSERT INTO payments
+                 (id, account_id, idem_key, amount, currency, status, reference, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )
+        .bind(&payment.id)
+        .bind(account)
+        .bind(key)
+        .bind(payment.amount)
+        .bind(&payment.currency)
+        .bind(&payment.status)
+        .bind(&payment.reference)
+        .bind(payment.created_at)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn find_payment(&self, account: &str, id: &str) -> Result<Option<Payment>, sqlx::Error> {
+        let row = sqlx::query(
+            "SELECT id, amount, currency, status, reference, created_at FROM payments
+             WHERE id = ?1 AND account_id = ?2",
+        )
+        .bind(id)
+        .bind(account)
+        .fetch_optional(self.readers())
+        .await?;
+        row.as_ref().map(payment_from_row).transpose()
+    }
+
+    async fn list_payments(&self, account: &str, limit: i64) -> Result<Vec<Payment>, sqlx::Error> {
+        let rows = sqlx::query(
+            "SELECT id, amount, currency, status, reference, created_at FROM payments
+             WHERE account_id = ?1 ORDER BY created_at DESC, id DESC LIMIT ?2",
+        )
+        .bind(account)
+        .bind(limit)
+        .fetch_all(self.readers())
+        .await?;
+        rows.iter().map(payment_from_row).collect()
+    }
+
+    async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1")
+            .execute(self.readers())
+            .await
+            .map(|_| ())
+    }
+}
