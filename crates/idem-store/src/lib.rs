@@ -6,7 +6,8 @@
 //! transaction mode). One conformance suite ([`conformance`], feature `conformance`) runs
 //! against every backend.
 //!
-//! Backends: [`SqliteStore`] (feature `sqlite`, the embedded default).
+//! Backends: [`SqliteStore`] (feature `sqlite`, the embedded default) and [`PgStore`] (feature
+//! `postgres`, shared by many server instances).
 //!
 //! ```
 //! use idem_core::*;

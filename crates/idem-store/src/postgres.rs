@@ -1,14 +1,451 @@
 //! [`PgStore`]: records in PostgreSQL, shared by many server instances.
 //!
-//! (Being written: see the PostgreSQL issue.)
+//! Every operation is one statement. The claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE`
+//! that inserts, replaces a record the claim may replace, or leaves the row alone, so claims
+//! from any number of instances at once have exactly one winner.
+//!
+//! Times travel as Unix milliseconds (`bigint`) and are converted in SQL:
+//! `to_timestamp(ms / 1000) + (ms % 1000) * interval '1 millisecond'` is exact over the whole
+//! `timestamptz` range (whole seconds are exact in a float8, the rest is whole milliseconds),
+//! where `to_timestamp(ms / 1000.0)` rounds through a float8 and drifts by microseconds in the
+//! far future. `(extract(epoch FROM t) * 1000)::bigint` reads them back exactly.
+//!
+//! In transaction mode (SPEC §3) the claim runs inside the handler's transaction under
+//! `lock_timeout`: a duplicate blocks on the unique index until the first transaction commits
+//! (it then finds the completed record) or rolls back (it then claims the key), and gives up
+//! with [`TxClaim::Busy`] when the wait runs out, so waiting duplicates cannot hold
+//! connections for longer than their wait.
 
-use sqlx::Postgres;
+use std::time::Duration;
+
+use idem_core::{
+    AccountId, FencingToken, Fingerprint, Record, RecordState, Scope, StoredResponse, Timestamp,
+};
+use sqlx::migrate::MigrateError;
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{PgExecutor, Postgres, Row};
+use tokio::time::Instant;
+
+use crate::{ClaimOutcome, Error, NewClaim, Result, Store, TransactionalStore, TxClaim};
 
 /// The transaction a handler writes through in transaction mode.
 pub type PgTx = sqlx::Transaction<'static, Postgres>;
 
-/// Records in PostgreSQL.
+/// Records in PostgreSQL, in the table `idempotency_keys`.
+///
+/// Cloning is cheap: clones share one connection pool.
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    _pool: sqlx::PgPool,
+    pool: PgPool,
+}
+
+/// How long [`PgStore::connect`]'s pool waits for a connection before the store reports itself
+/// unavailable: a request should get its `503` well within a client's timeout.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many times a claim is retried when the record it lost to vanished (released or swept)
+/// before it could be read. Each retry means another writer changed the key in between, so a
+/// few are plenty.
+const CLAIM_ATTEMPTS: usize = 5;
+
+/// SQLSTATE `lock_not_available`: a lock wait ran past `lock_timeout`.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
+// Claims a key if no record holds it, or replaces a record the claim may replace (past its
+// retention and not held by a live lease; or, if allowed, a stale claim of the same request).
+// One statement, so two claims can never both win. `excluded.created_at` is the claim's "now".
+const CLAIM: &str = "
+INSERT INTO idempotency_keys AS k
+    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
+VALUES ($1, $2, $3, 'in_progress',
+        to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
+        to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
+        to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
+        $7)
+ON CONFLICT (account_id, idem_key) DO UPDATE SET
+    request_hash = excluded.request_hash,
+    status = 'in_progress',
+    response_code = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    body_omitted = false,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at,
+    lease_until = excluded.lease_until,
+    fencing_token = excluded.fencing_token
+WHERE (k.expires_at <= excluded.created_at
+       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
+   OR ($8 AND k.status = 'in_progress'
+       AND k.lease_until <= excluded.created_at
+       AND k.request_hash = excluded.request_hash)
+RETURNING fencing_token";
+
+const SELECT: &str = "
+SELECT request_hash, status, response_code, response_headers::text AS response_headers,
+       response_body, body_omitted,
+       (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
+       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
+       (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
+       fencing_token
+FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2";
+
+const COMPLETE: &str = "
+UPDATE idempotency_keys
+SET status = 'completed', response_code = $4, response_headers = $5::jsonb, response_body = $6,
+    body_omitted = $7
+WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'";
+
+const RENEW: &str = "
+UPDATE idempotency_keys
+SET lease_until = to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond'
+WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'";
+
+const RELEASE: &str = "
+DELETE FROM idempotency_keys
+WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'";
+
+// SKIP LOCKED lets sweepers on several instances take disjoint batches instead of queueing
+// behind each other (or behind a transaction that holds a row); MATERIALIZED makes the batch
+// be chosen once.
+const SWEEP: &str = "
+WITH doomed AS MATERIALIZED (
+    SELECT account_id, idem_key FROM idempotency_keys
+    WHERE expires_at <= to_timestamp($1 / 1000) + ($1 % 1000) * interval '1 millisecond'
+      AND (status = 'completed'
+           OR lease_until <= to_timestamp($1 / 1000) + ($1 % 1000) * interval '1 millisecond')
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)
+DELETE FROM idempotency_keys AS k USING doomed
+WHERE k.account_id = doomed.account_id AND k.idem_key = doomed.idem_key";
+
+// READ COMMITTED (whatever the server's default) is what makes a blocked duplicate see the
+// first transaction's committed row once it is let through.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+// Bounds the claim's wait for a concurrent claim of the key, and returns the setting in force
+// before so it can be put back: the handler's own writes should not inherit the claim's
+// (possibly nearly spent) wait. MATERIALIZED makes the old value be read before the new one
+// is set.
+const SET_LOCK_TIMEOUT: &str = "
+WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout)
+SELECT previous.lock_timeout, set_config('lock_timeout', $1, true) FROM previous";
+
+const RESTORE_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+
+impl PgStore {
+    /// Connects to the database named by a URL such as `postgres://user@host/db` (a pool of
+    /// up to 10 connections) and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect(url)
+            .await
+            .map_err(classify)?;
+        Self::from_pool(pool).await
+    }
+
+    /// A store on an existing pool (sized and configured by the caller); applies the
+    /// migrations. Several instances may start at once: the migrations run one at a time.
+    pub async fn from_pool(pool: PgPool) -> Result<Self> {
+        migrate(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// The connection pool. Business writes outside an idempotent request go through it too.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// [`TxClaim::Busy`] when the wait ran out while no connection was free, as the contract
+    /// asks for a burst of duplicates; but when the pool had room and still produced no
+    /// connection in time, the database is out of reach and the request must get `503`.
+    fn wait_ran_out(&self) -> Result<TxClaim<PgTx>> {
+        if self.pool.size() < self.pool.options().get_max_connections() {
+            Err(Error::Unavailable(sqlx::Error::PoolTimedOut))
+        } else {
+            Ok(TxClaim::Busy)
+        }
+    }
+}
+
+/// Applies the migrations. sqlx's migrator holds a PostgreSQL advisory lock (a session lock
+/// keyed by the database's name) while it runs, so instances starting together take turns and
+/// each finds the work done by the one before.
+async fn migrate(pool: &PgPool) -> Result<()> {
+    let mut migrator = sqlx::migrate!("migrations/postgres");
+    migrator.dangerous_set_table_name("idem_store_migrations");
+    match migrator.run(pool).await {
+        Ok(()) => Ok(()),
+        // A lazy pool first meets the database here.
+        Err(MigrateError::Execute(e)) if is_connection_failure(&e) => Err(Error::Unavailable(e)),
+        Err(e) => Err(Error::Migrate(e)),
+    }
+}
+
+/// Whether the database could not be reached: the failures the crate's `From` classifies
+/// by kind, plus PostgreSQL's own answers for a server that refuses or drops the session
+/// (SQLSTATE class 08, too many connections, shutting down, starting up).
+fn is_connection_failure(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "53300" | "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
+}
+
+/// The store's error for a failed statement.
+fn classify(e: sqlx::Error) -> Error {
+    if is_connection_failure(&e) {
+        Error::Unavailable(e)
+    } else {
+        Error::Database(e)
+    }
+}
+
+fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == LOCK_NOT_AVAILABLE)
+}
+
+/// `lock_timeout` for a wait, rounded up to whole milliseconds and at least one: zero would
+/// mean no limit at all.
+fn lock_timeout_setting(wait: Duration) -> String {
+    let ms = wait.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128);
+    format!("{ms}ms")
+}
+
+fn vanished(scope: &Scope) -> Error {
+    Error::Corrupt(format!(
+        "a claim of key {} kept losing to records that vanished before they could be read",
+        scope.log_label()
+    ))
+}
+
+/// Runs the claim statement; `true` if the key is now ours. Returns the driver's error so the
+/// caller can tell a lock timeout apart.
+async fn claim_on<'e>(ex: impl PgExecutor<'e>, claim: &NewClaim) -> Result<bool, sqlx::Error> {
+    let row = sqlx::query(CLAIM)
+        .bind(claim.scope.account.as_str())
+        .bind(claim.scope.key.as_str())
+        .bind(&claim.fingerprint.as_bytes()[..])
+        .bind(claim.now.0)
+        .bind(claim.expires_at.0)
+        .bind(claim.lease_until.0)
+        .bind(claim.token.0)
+        .bind(claim.take_over_expired_lease)
+        .fetch_optional(ex)
+        .await?;
+    Ok(row.is_some())
+}
+
+async fn get_on<'e>(ex: impl PgExecutor<'e>, scope: &Scope) -> Result<Option<Record>> {
+    let row = sqlx::query(SELECT)
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .fetch_optional(ex)
+        .await
+        .map_err(classify)?;
+    row.map(|row| record_from_row(scope, &row)).transpose()
+}
+
+async fn complete_on<'e>(
+    ex: impl PgExecutor<'e>,
+    scope: &Scope,
+    token: FencingToken,
+    response: &StoredResponse,
+) -> Result<bool> {
+    let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
+    let done = sqlx::query(COMPLETE)
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .bind(token.0)
+        .bind(i32::from(response.status))
+        .bind(headers)
+        .bind(&response.body[..])
+        .bind(response.body_omitted)
+        .execute(ex)
+        .await
+        .map_err(classify)?;
+    Ok(done.rows_affected() == 1)
+}
+
+fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record> {
+    let corrupt = |what: &str| Error::Corrupt(format!("{what} for key {}", scope.log_label()));
+    let hash: Vec<u8> = row.try_get("request_hash")?;
+    let fingerprint = Fingerprint::try_from(hash.as_slice())
+        .map_err(|_| corrupt("a request hash of bad length"))?;
+    let status: String = row.try_get("status")?;
+    let state = match status.as_str() {
+        "in_progress" => RecordState::InProgress {
+            lease_until: Timestamp(row.try_get("lease_until")?),
+            token: FencingToken(row.try_get("fencing_token")?),
+        },
+        "completed" => {
+            let code: i32 = row.try_get("response_code")?;
+            let headers: String = row.try_get("response_headers")?;
+            RecordState::Completed(StoredResponse {
+                status: u16::try_from(code).map_err(|_| corrupt("a bad response code"))?,
+                headers: serde_json::from_str(&headers)
+                    .map_err(|_| corrupt("unreadable response headers"))?,
+                body: row.try_get("response_body")?,
+                body_omitted: row.try_get("body_omitted")?,
+            })
+        }
+        _ => return Err(corrupt("an unknown status")),
+    };
+    Ok(Record {
+        scope: Scope::new(AccountId::new(scope.account.as_str()), scope.key.clone()),
+        fingerprint,
+        state,
+        created_at: Timestamp(row.try_get("created_at")?),
+        expires_at: Timestamp(row.try_get("expires_at")?),
+    })
+}
+
+impl Store for PgStore {
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
+        get_on(&self.pool, scope).await
+    }
+
+    async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
+        for _ in 0..CLAIM_ATTEMPTS {
+            if claim_on(&self.pool, claim).await.map_err(classify)? {
+                return Ok(ClaimOutcome::Claimed);
+            }
+            // The claim lost to a record; read it in a new statement. It may have been
+            // released or swept in between, and then the key is free to claim again.
+            if let Some(record) = get_on(&self.pool, &claim.scope).await? {
+                return Ok(ClaimOutcome::Existing(record));
+            }
+        }
+        Err(vanished(&claim.scope))
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool> {
+        complete_on(&self.pool, scope, token, response).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<bool> {
+        let done = sqlx::query(RENEW)
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(token.0)
+            .bind(lease_until.0)
+            .execute(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
+        let done = sqlx::query(RELEASE)
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(token.0)
+            .execute(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
+        let done = sqlx::query(SWEEP)
+            .bind(now.0)
+            .bind(i64::from(batch))
+            .execute(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl TransactionalStore for PgStore {
+    type Tx = PgTx;
+
+    async fn begin_claim(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<PgTx>> {
+        // One deadline for the whole wait: for a free connection, then for the key.
+        let deadline = Instant::now() + wait;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let mut tx = match tokio::time::timeout_at(deadline, self.pool.begin_with(BEGIN)).await
+            {
+                Ok(tx) => tx.map_err(classify)?,
+                Err(_elapsed) => return self.wait_ran_out(),
+            };
+            let lock_wait =
+                lock_timeout_setting(deadline.saturating_duration_since(Instant::now()));
+            let previous: String = sqlx::query_scalar(SET_LOCK_TIMEOUT)
+                .bind(lock_wait)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(classify)?;
+            // Blocks while another open transaction holds the key.
+            match claim_on(&mut *tx, claim).await {
+                Ok(true) => {
+                    sqlx::query(RESTORE_LOCK_TIMEOUT)
+                        .bind(previous)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(classify)?;
+                    return Ok(TxClaim::Claimed(tx));
+                }
+                Ok(false) => {}
+                Err(e) if is_lock_timeout(&e) => {
+                    // The timeout aborted the transaction; end it so the connection goes back
+                    // to the pool now.
+                    tx.rollback().await.map_err(classify)?;
+                    return Ok(TxClaim::Busy);
+                }
+                Err(e) => return Err(classify(e)),
+            }
+            // The claim lost to a committed record (and holds its row lock until the rollback).
+            // Under READ COMMITTED this new statement sees it; should it have vanished all the
+            // same, the key is free and the claim starts over.
+            let record = get_on(&mut *tx, &claim.scope).await?;
+            tx.rollback().await.map_err(classify)?;
+            if let Some(record) = record {
+                return Ok(TxClaim::Existing(record));
+            }
+        }
+        Err(vanished(&claim.scope))
+    }
+
+    async fn commit_response(
+        &self,
+        mut tx: PgTx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<()> {
+        if !complete_on(&mut *tx, scope, token, response).await? {
+            return Err(Error::Corrupt(format!(
+                "the key row of {} vanished inside its own transaction",
+                scope.log_label()
+            )));
+        }
+        tx.commit().await.map_err(classify)?;
+        Ok(())
+    }
+
+    async fn rollback(&self, tx: PgTx) -> Result<()> {
+        tx.rollback().await.map_err(classify)?;
+        Ok(())
+    }
 }

@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use anyhow::Context as _;
-use idem_store::{SqliteStore, SqliteTx, TransactionalStore};
+use idem_store::{PgStore, PgTx, SqliteStore, SqliteTx, TransactionalStore};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -163,5 +163,112 @@ impl Backend for SqliteStore {
             .execute(self.readers())
             .await
             .map(|_| ())
+    }
+}
+
+// Times are Unix milliseconds in the API and `timestamptz` in PostgreSQL; these convert
+// exactly (see idem-store's PgStore).
+const PG_SELECT_PAYMENT: &str = "SELECT id, amount, currency, status, reference,
+        (extract(epoch FROM created_at) * 1000)::bigint AS created_at
+ FROM payments";
+
+impl Backend for PgStore {
+    async fn open_service(url: &str) -> anyhow::Result<Self> {
+        let store = PgStore::connect(url)
+            .await
+            .with_context(|| format!("cannot open the database {}", redact(url)))?;
+        let mut migrator = sqlx::migrate!("migrations/postgres");
+        migrator.dangerous_set_table_name("idem_serve_migrations");
+        migrator
+            .run(store.pool())
+            .await
+            .context("cannot migrate the payments schema")?;
+        Ok(store)
+    }
+
+    async fn begin(&self) -> Result<PgTx, sqlx::Error> {
+        self.pool().begin().await
+    }
+
+    async fn commit(tx: PgTx) -> Result<(), sqlx::Error> {
+        tx.commit().await
+    }
+
+    async fn insert_payment<'a>(
+        tx: &'a mut PgTx,
+        account: &'a str,
+        key: Option<&'a str>,
+        retired_before: i64,
+        payment: &'a Payment,
+    ) -> Result<(), sqlx::Error> {
+        if let Some(key) = key {
+            sqlx::query(
+                "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
+                 WHERE account_id = $1 AND idem_key = $2
+                   AND created_at <= to_timestamp($3 / 1000) + ($3 % 1000) * interval '1 millisecond'",
+            )
+            .bind(account)
+            .bind(key)
+            .bind(retired_before)
+            .execute(&mut **tx)
+            .await?;
+        }
+        sqlx::query(
+            "INSERT INTO payments
+                 (id, account_id, idem_key, amount, currency, status, reference, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7,
+                     to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')",
+        )
+        .bind(&payment.id)
+        .bind(account)
+        .bind(key)
+        .bind(payment.amount)
+        .bind(&payment.currency)
+        .bind(&payment.status)
+        .bind(&payment.reference)
+        .bind(payment.created_at)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn find_payment(&self, account: &str, id: &str) -> Result<Option<Payment>, sqlx::Error> {
+        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{PG_SELECT_PAYMENT} WHERE id = $1 AND account_id = $2"
+        )))
+        .bind(id)
+        .bind(account)
+        .fetch_optional(self.pool())
+        .await?;
+        row.as_ref().map(payment_from_row).transpose()
+    }
+
+    async fn list_payments(&self, account: &str, limit: i64) -> Result<Vec<Payment>, sqlx::Error> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "{PG_SELECT_PAYMENT} WHERE account_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2"
+        )))
+        .bind(account)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(payment_from_row).collect()
+    }
+
+    async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1").execute(self.pool()).await.map(|_| ())
+    }
+}
+
+/// A database URL without its password, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
     }
 }

@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_core::{AccountId, Clock, Policy, SystemClock};
-use idem_store::{SqliteStore, sweep_all};
+use idem_store::{PgStore, SqliteStore, sweep_all};
 
 use self::backend::Backend;
 use idem_tower::IdempotencyLayer;
@@ -30,7 +30,8 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Where records and payments live: `sqlite://PATH` (created on first start).
+    /// Where records and payments live: `sqlite://PATH` (created on first start) or
+    /// `postgres://USER@HOST/DB` (shared by any number of `idem serve` instances).
     #[arg(long, default_value = "sqlite://idem.db")]
     pub database: String,
     /// A sandbox API token and the account it authenticates, `TOKEN=ACCOUNT`; repeatable.
@@ -116,7 +117,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!(
         "idem serve: listening on http://{} (database {})",
         listener.local_addr()?,
-        config.database
+        backend::redact(&config.database)
     );
     for (token, account) in accounts {
         println!("  sandbox token {token} -> account {account}");
@@ -132,15 +133,16 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let url = config.database.as_str();
     if url.starts_with("sqlite:") {
-        serve_on(
-            SqliteStore::open_service(url).await?,
-            listener,
-            &config,
-            shutdown,
-        )
-        .await
+        let store = SqliteStore::open_service(url).await?;
+        serve_on(store, listener, &config, shutdown).await
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        let store = PgStore::open_service(url).await?;
+        serve_on(store, listener, &config, shutdown).await
     } else {
-        anyhow::bail!("unsupported database URL {url:?}: expected sqlite://PATH")
+        anyhow::bail!(
+            "unsupported database URL {:?}: expected sqlite://PATH or postgres://…",
+            backend::redact(url)
+        )
     }
 }
 
@@ -157,7 +159,7 @@ async fn serve_on<B: Backend>(
         metrics: metrics_handle(),
     };
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, database = %config.database, "idem serve listening");
+    tracing::info!(%addr, database = %backend::redact(&config.database), "idem serve listening");
 
     // The sweeper: every instance may run it; each statement deletes at most 1,000 rows.
     let sweeper = {

@@ -1,0 +1,609 @@
+//! The conformance suite and PostgreSQL's own behaviour against [`PgStore`], each test in a
+//! database of its own on the server at `IDEM_TEST_PG_URL` (default: the local server, trust
+//! authentication), created for the test and dropped when it ends, pass or fail.
+
+use std::time::Duration;
+
+use idem_core::{
+    AccountId, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
+    RequestParts, Scope, StoredResponse, Timestamp, decide,
+};
+use idem_store::{
+    ClaimOutcome, Error, NewClaim, PgStore, Store, TransactionalStore, TxClaim, store_conformance,
+    transactional_conformance,
+};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+
+const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+/// Long enough never to run out in a test that expects no timeout.
+const LONG_WAIT: Duration = Duration::from_secs(10);
+
+fn admin_url() -> String {
+    std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned())
+}
+
+/// `url` with its database replaced by `database`, keeping any query parameters.
+fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[authority..].find('/') {
+        Some(slash) => &base[..authority + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
+    }
+}
+
+/// A database for one test; dropping it drops the database.
+struct TestDb {
+    name: String,
+    url: String,
+}
+
+impl TestDb {
+    async fn create() -> Self {
+        // A UUID's simple form is lower-case hex, so the name needs no quoting. Copying
+        // template0, which nobody connects to, works whichever database the admin URL names
+        // (copying template1 fails while another test's admin session is connected to it).
+        let name = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(&admin_url())
+            .await
+            .expect("connect to the test server (set IDEM_TEST_PG_URL)");
+        admin
+            .execute(AssertSqlSafe(format!(
+                "CREATE DATABASE {name} TEMPLATE template0"
+            )))
+            .await
+            .expect("create the test database");
+        admin.close().await.expect("close the admin connection");
+        Self {
+            url: with_database(&admin_url(), &name),
+            name,
+        }
+    }
+
+    /// A pool of at most `max` connections to the database.
+    async fn pool(&self, max: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max)
+            .connect(&self.url)
+            .await
+            .expect("connect to the test database")
+    }
+
+    /// A store on a pool of at most `max` connections.
+    async fn store(&self, max: u32) -> PgStore {
+        PgStore::from_pool(self.pool(max).await)
+            .await
+            .expect("migrate the test database")
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Drop cannot await, and a runtime cannot be blocked on from inside itself: the drop
+        // runs to completion on a thread with a runtime of its own. FORCE ends the sessions the
+        // test's pools may still hold.
+        let name = self.name.clone();
+        let dropped = std::thread::spawn(
+            move || -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async {
+                    let mut admin = PgConnection::connect(&admin_url()).await?;
+                    admin
+                        .execute(AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                        )))
+                        .await?;
+                    admin.close().await?;
+                    Ok(())
+                })
+            },
+        )
+        .join();
+        // No panic here: this may run while a failed test unwinds, and a second panic aborts.
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
+            Err(_) => eprintln!("dropping test database {} panicked", self.name),
+        }
+    }
+}
+
+async fn fresh_store() -> (PgStore, TestDb) {
+    let db = TestDb::create().await;
+    let store = PgStore::connect(&db.url).await.expect("connect the store");
+    (store, db)
+}
+
+store_conformance!(fresh_store());
+transactional_conformance!(fresh_store());
+
+fn scope(key: &str) -> Scope {
+    Scope::new(
+        AccountId::new("acct_pg"),
+        IdempotencyKey::new(key, KeyLimits::default()).expect("valid test key"),
+    )
+}
+
+fn fingerprint() -> Fingerprint {
+    Fingerprint::compute(&RequestParts {
+        account: "acct_pg",
+        method: "POST",
+        route: "/payments",
+        query: "",
+        content_type: "application/json",
+        body: br#"{"amount":49900,"currency":"INR"}"#,
+    })
+    .expect("valid test body")
+}
+
+fn claim(scope: &Scope, token: i64) -> NewClaim {
+    NewClaim::new(
+        scope.clone(),
+        fingerprint(),
+        FencingToken(token),
+        T0,
+        &Policy::default(),
+    )
+}
+
+fn response() -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("location".into(), "/payments/pay_1".into()),
+        ],
+        body: br#"{"id":"pay_1"}"#.to_vec(),
+        body_omitted: false,
+    }
+}
+
+async fn begin_claimed(
+    store: &PgStore,
+    claim: &NewClaim,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    match store
+        .begin_claim(claim, LONG_WAIT)
+        .await
+        .expect("begin_claim")
+    {
+        TxClaim::Claimed(tx) => tx,
+        other => panic!("expected to claim the key, got {other:?}"),
+    }
+}
+
+/// Waits until `n` sessions of the test database are blocked on a lock. PostgreSQL announces
+/// no such event, so this watches the server's own view of its sessions (with a deadline)
+/// rather than guessing with a sleep.
+async fn lock_waiters(pool: &PgPool, n: i64) {
+    let deadline = tokio::time::Instant::now() + LONG_WAIT;
+    let mut poll = tokio::time::interval(Duration::from_millis(10));
+    loop {
+        poll.tick().await;
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("read pg_stat_activity");
+        if waiting >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no session started waiting for the key"
+        );
+    }
+}
+
+/// A duplicate waiting on an open transaction gets `Busy` once its lock_timeout passes, and
+/// gives its connection back at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn busy_after_lock_timeout_frees_the_connection() {
+    let db = TestDb::create().await;
+    // Two connections: the first transaction's and the duplicate's.
+    let store = db.store(2).await;
+    let key = scope("busy-key-0001");
+    let first = begin_claimed(&store, &claim(&key, 1)).await;
+
+    let wait = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let second = store.begin_claim(&claim(&key, 2), wait).await.unwrap();
+    let waited = started.elapsed();
+    assert!(matches!(second, TxClaim::Busy), "got {second:?}");
+    assert!(waited >= wait, "gave up after {waited:?}, before its wait");
+    assert!(
+        waited < wait + Duration::from_secs(3),
+        "gave up only after {waited:?}"
+    );
+
+    // The first transaction still holds one of the two connections; the other is free again.
+    let mut conn = tokio::time::timeout(Duration::from_secs(1), store.pool().acquire())
+        .await
+        .expect("the duplicate's connection went back to the pool")
+        .unwrap();
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 0, "a session still waits for the key");
+    drop(conn);
+    store.rollback(first).await.unwrap();
+}
+
+/// With every connection taken by transactions on the key, a duplicate's wait for a
+/// connection is bounded by the same wait and also ends in `Busy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn busy_when_no_connection_is_free() {
+    let db = TestDb::create().await;
+    let store = db.store(1).await;
+    let key = scope("busy-key-0002");
+    let first = begin_claimed(&store, &claim(&key, 1)).await;
+    let second = store
+        .begin_claim(&claim(&key, 2), Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(matches!(second, TxClaim::Busy), "got {second:?}");
+    store.rollback(first).await.unwrap();
+}
+
+/// The first transaction rolls back while a duplicate waits: the duplicate claims the key, and
+/// its transaction runs under the session's lock_timeout, not the claim's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_claims_when_the_first_rolls_back() {
+    let db = TestDb::create().await;
+    let store = db.store(4).await;
+    let key = scope("rollback-key1");
+    let first = begin_claimed(&store, &claim(&key, 1)).await;
+
+    let waiter = tokio::spawn({
+        let (store, claim) = (store.clone(), claim(&key, 2));
+        async move { store.begin_claim(&claim, LONG_WAIT).await }
+    });
+    lock_waiters(store.pool(), 1).await;
+    store.rollback(first).await.unwrap();
+
+    let TxClaim::Claimed(mut tx) = waiter.await.unwrap().unwrap() else {
+        panic!("the duplicate must claim the key the first one gave up")
+    };
+    let lock_timeout: String = sqlx::query_scalar("SELECT current_setting('lock_timeout')")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        lock_timeout, "0",
+        "the claim's lock_timeout leaked into the handler's transaction"
+    );
+    store
+        .commit_response(tx, &key, FencingToken(2), &response())
+        .await
+        .unwrap();
+    let record = store.get(&key).await.unwrap().expect("committed record");
+    assert_eq!(record.state, RecordState::Completed(response()));
+}
+
+/// The first transaction commits while a duplicate waits: the duplicate gets the completed
+/// record, to replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_replays_when_the_first_commits() {
+    let db = TestDb::create().await;
+    let store = db.store(4).await;
+    let key = scope("commit-key-01");
+    let first = begin_claimed(&store, &claim(&key, 1)).await;
+
+    let waiter = tokio::spawn({
+        let (store, claim) = (store.clone(), claim(&key, 2));
+        async move { store.begin_claim(&claim, LONG_WAIT).await }
+    });
+    lock_waiters(store.pool(), 1).await;
+    store
+        .commit_response(first, &key, FencingToken(1), &response())
+        .await
+        .unwrap();
+
+    match waiter.await.unwrap().unwrap() {
+        TxClaim::Existing(record) => {
+            assert_eq!(record.state, RecordState::Completed(response()));
+            assert_eq!(
+                decide(Some(&record), &fingerprint(), T0),
+                Decision::Replay(&response())
+            );
+        }
+        other => panic!("expected the committed record, got {other:?}"),
+    }
+}
+
+/// Instances starting together on a fresh database all migrate it without error, and the
+/// migration is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_migrations_of_a_fresh_database_succeed() {
+    let db = TestDb::create().await;
+    let instances = 4;
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(instances));
+    let tasks: Vec<_> = (0..instances)
+        .map(|_| {
+            let (url, start) = (db.url.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                PgStore::connect(&url).await
+            })
+        })
+        .collect();
+    let mut stores = Vec::new();
+    for task in tasks {
+        stores.push(task.await.unwrap().expect("every instance migrates"));
+    }
+    let applied: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idem_store_migrations WHERE success")
+            .fetch_one(stores[0].pool())
+            .await
+            .unwrap();
+    assert_eq!(applied, 1);
+    let key = scope("after-migrate");
+    assert_eq!(
+        stores[3].claim(&claim(&key, 1)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+}
+
+/// Millisecond timestamps survive the trip through `timestamptz` exactly, across its range,
+/// and comparisons in SQL (the sweeper's) are exact to the millisecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn timestamps_round_trip_exactly() {
+    let db = TestDb::create().await;
+    let store = db.store(4).await;
+
+    // The sweeper's boundary: a record expiring at E is kept at E - 1 ms and swept at E.
+    let key = scope("boundary-key1");
+    let mut boundary = claim(&key, 1);
+    boundary.now = Timestamp(1_800_000_000_123);
+    boundary.lease_until = Timestamp(1_800_000_000_124);
+    boundary.expires_at = Timestamp(1_800_000_000_457);
+    store.claim(&boundary).await.unwrap();
+    assert!(
+        store
+            .complete(&key, FencingToken(1), &response())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.sweep(Timestamp(1_800_000_000_456), 10).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        store.sweep(Timestamp(1_800_000_000_457), 10).await.unwrap(),
+        1
+    );
+
+    let mut millis = vec![
+        0,
+        1,
+        -1,
+        999,
+        -999,
+        -1_001,
+        1_800_000_000_123,
+        4_102_444_800_001,   // 2100-01-01T00:00:00.001Z
+        253_402_300_799_999, // 9999-12-31T23:59:59.999Z, where float8 seconds lose exactness
+        -62_135_596_800_001, // 1 ms before 0001-01-01
+    ];
+    // And a spread of ordinary times with every millisecond digit.
+    millis.extend((0..40_i64).map(|i| 1_600_000_000_000 + i * 7_919_000_003 + i * 37 % 1000));
+
+    for (i, &ms) in millis.iter().enumerate() {
+        let key = scope(&format!("time-key-{i:04}"));
+        let mut c = claim(&key, 1);
+        c.now = Timestamp(ms);
+        c.lease_until = Timestamp(ms + 1);
+        c.expires_at = Timestamp(ms + 999);
+        assert_eq!(store.claim(&c).await.unwrap(), ClaimOutcome::Claimed);
+        let record = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(record.created_at, c.now, "created_at of {ms}");
+        assert_eq!(record.expires_at, c.expires_at, "expires_at of {ms}");
+        assert_eq!(
+            record.state,
+            RecordState::InProgress {
+                lease_until: c.lease_until,
+                token: FencingToken(1)
+            },
+            "lease_until of {ms}"
+        );
+        assert!(
+            store
+                .renew(&key, FencingToken(1), Timestamp(ms + 3))
+                .await
+                .unwrap()
+        );
+        assert!(matches!(
+            store.get(&key).await.unwrap().unwrap().state,
+            RecordState::InProgress { lease_until, .. } if lease_until == Timestamp(ms + 3)
+        ));
+    }
+
+    // What a DBA sees is the instant itself, not an approximation of it.
+    for (i, expected) in [
+        (6, "2027-01-15 08:00:00.123+00"),
+        (8, "9999-12-31 23:59:59.999+00"),
+        (2, "1969-12-31 23:59:59.999+00"),
+    ] {
+        let exact: bool = sqlx::query_scalar(
+            "SELECT created_at = $1::timestamptz FROM idempotency_keys WHERE idem_key = $2",
+        )
+        .bind(expected)
+        .bind(format!("time-key-{i:04}"))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert!(exact, "time-key-{i:04} is not stored as {expected}");
+    }
+}
+
+/// A sweeper neither blocks on nor deletes a row another transaction holds; it takes the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sweep_skips_rows_locked_elsewhere() {
+    let db = TestDb::create().await;
+    let store = db.store(4).await;
+    for i in 0..3 {
+        let key = scope(&format!("sweep-key-{i:04}"));
+        store.claim(&claim(&key, 1)).await.unwrap();
+        assert!(
+            store
+                .complete(&key, FencingToken(1), &response())
+                .await
+                .unwrap()
+        );
+    }
+    let mut holder = store.pool().begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idempotency_keys WHERE idem_key = 'sweep-key-0001' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    let expired = T0.plus(Policy::default().retention);
+    let swept = tokio::time::timeout(Duration::from_secs(5), store.sweep(expired, 10))
+        .await
+        .expect("the sweeper does not wait for the locked row")
+        .unwrap();
+    assert_eq!(swept, 2);
+    holder.commit().await.unwrap();
+    assert_eq!(store.sweep(expired, 10).await.unwrap(), 1);
+}
+
+/// A store pointed at a port nobody listens on reports `Unavailable`, which the layer answers
+/// with `503`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_database_is_unavailable() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+
+    // `connect` retries refused connections until its pool's acquire timeout.
+    match PgStore::connect(&url).await {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    // A lazy pool first meets the database when the migrations run.
+    let lazy = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(200))
+        .connect_lazy(&url)
+        .unwrap();
+    match PgStore::from_pool(lazy).await {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// A TCP forwarder to the database, so a test can cut the store off from it.
+struct Forwarder {
+    port: u16,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    async fn start(upstream: (String, u16)) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    accepted = listener.accept() => {
+                        let (mut client, _) = accepted.unwrap();
+                        let upstream = upstream.clone();
+                        connections.spawn(async move {
+                            let mut server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                            // sqlx's tokio runtime brings tokio's io-util.
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        });
+                    }
+                }
+            }
+            // Every forwarded connection ends here, and the listener with this task.
+            connections.shutdown().await;
+        });
+        Self { port, stop, task }
+    }
+
+    /// Cuts every connection and closes the port; returns once both are done.
+    async fn cut(self) {
+        self.stop.send(()).unwrap();
+        self.task.await.unwrap();
+    }
+}
+
+/// A store whose database goes away after it connected reports `Unavailable` (so `503`), in
+/// lease mode and in transaction mode, where a wait for a connection that ends because none
+/// could be made is not a `Busy` key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_lost_after_connect_is_unavailable() {
+    let db = TestDb::create().await;
+    let direct: PgConnectOptions = db.url.parse().unwrap();
+    let proxy = Forwarder::start((direct.get_host().to_owned(), direct.get_port())).await;
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_with(direct.host("127.0.0.1").port(proxy.port))
+        .await
+        .unwrap();
+    let store = PgStore::from_pool(pool).await.unwrap();
+    let key = scope("lost-key-0001");
+    assert_eq!(
+        store.claim(&claim(&key, 1)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+
+    proxy.cut().await;
+    match store.get(&key).await {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    match store.claim(&claim(&key, 2)).await {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    match store
+        .begin_claim(&claim(&key, 3), Duration::from_millis(200))
+        .await
+    {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[test]
+fn test_urls_name_the_test_database() {
+    assert_eq!(
+        with_database("postgres://postgres@127.0.0.1:5432/postgres", "idem_test_1"),
+        "postgres://postgres@127.0.0.1:5432/idem_test_1"
+    );
+    assert_eq!(
+        with_database("postgres://u:p@db:5432?sslmode=disable", "t"),
+        "postgres://u:p@db:5432/t?sslmode=disable"
+    );
+    assert_eq!(
+        with_database("postgres://u@db/admin?application_name=x", "t"),
+        "postgres://u@db/t?application_name=x"
+    );
+}
