@@ -22,6 +22,11 @@ pub enum ProblemKind {
     BodyTooLarge,
     /// `503`: the record store cannot be reached; the request was not processed.
     StoreUnavailable,
+    /// `502`: a gateway could not reach its upstream; nothing was sent, so a retry runs fresh.
+    UpstreamUnavailable,
+    /// `504`: a gateway sent the request but its upstream did not answer in time; the outcome
+    /// is unknown.
+    UpstreamTimeout,
 }
 
 impl ProblemKind {
@@ -36,6 +41,8 @@ impl ProblemKind {
             Self::OutcomeUnknown => "urn:idem:problem:outcome-unknown",
             Self::BodyTooLarge => "urn:idem:problem:body-too-large",
             Self::StoreUnavailable => "urn:idem:problem:store-unavailable",
+            Self::UpstreamUnavailable => "urn:idem:problem:upstream-unavailable",
+            Self::UpstreamTimeout => "urn:idem:problem:upstream-timeout",
         }
     }
 
@@ -47,6 +54,8 @@ impl ProblemKind {
             Self::InUse | Self::OutcomeUnknown => 409,
             Self::BodyTooLarge => 413,
             Self::StoreUnavailable => 503,
+            Self::UpstreamUnavailable => 502,
+            Self::UpstreamTimeout => 504,
         }
     }
 
@@ -63,6 +72,8 @@ impl ProblemKind {
             }
             Self::BodyTooLarge => "The request body is too large",
             Self::StoreUnavailable => "The idempotency store is unavailable",
+            Self::UpstreamUnavailable => "The upstream service is unavailable",
+            Self::UpstreamTimeout => "The upstream service did not answer in time",
         }
     }
 

@@ -6,8 +6,9 @@
 //! transaction mode). One conformance suite ([`conformance`], feature `conformance`) runs
 //! against every backend.
 //!
-//! Backends: [`SqliteStore`] (feature `sqlite`, the embedded default) and [`PgStore`] (feature
-//! `postgres`, shared by many server instances).
+//! Backends: [`SqliteStore`] (feature `sqlite`, the embedded default), [`PgStore`] (feature
+//! `postgres`, shared by many server instances) and [`RedisStore`] (feature `redis`, lease mode
+//! only: the gateway's).
 //!
 //! ```
 //! use idem_core::*;
@@ -44,15 +45,21 @@ use idem_core::{FencingToken, Fingerprint, Policy, Record, Scope, StoredResponse
 mod error;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis_store;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(all(feature = "conformance", feature = "postgres"))]
+pub mod testing;
 
 pub use error::{Error, Result};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStore, PgTx};
+#[cfg(feature = "redis")]
+pub use redis_store::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
 

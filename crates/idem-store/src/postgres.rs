@@ -162,7 +162,7 @@ impl PgStore {
     /// connection in time, the database is out of reach and the request must get `503`.
     fn wait_ran_out(&self) -> Result<TxClaim<PgTx>> {
         if self.pool.size() < self.pool.options().get_max_connections() {
-            Err(Error::Unavailable(sqlx::Error::PoolTimedOut))
+            Err(Error::Unavailable(Box::new(sqlx::Error::PoolTimedOut)))
         } else {
             Ok(TxClaim::Busy)
         }
@@ -178,7 +178,9 @@ async fn migrate(pool: &PgPool) -> Result<()> {
     match migrator.run(pool).await {
         Ok(()) => Ok(()),
         // A lazy pool first meets the database here.
-        Err(MigrateError::Execute(e)) if is_connection_failure(&e) => Err(Error::Unavailable(e)),
+        Err(MigrateError::Execute(e)) if is_connection_failure(&e) => {
+            Err(Error::Unavailable(Box::new(e)))
+        }
         Err(e) => Err(Error::Migrate(e)),
     }
 }
@@ -203,7 +205,7 @@ fn is_connection_failure(e: &sqlx::Error) -> bool {
 /// The store's error for a failed statement.
 fn classify(e: sqlx::Error) -> Error {
     if is_connection_failure(&e) {
-        Error::Unavailable(e)
+        Error::Unavailable(Box::new(e))
     } else {
         Error::Database(e)
     }

@@ -8,122 +8,21 @@ use idem_core::{
     AccountId, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
     RequestParts, Scope, StoredResponse, Timestamp, decide,
 };
+use idem_store::testing::{PgTestDatabase, with_database};
 use idem_store::{
     ClaimOutcome, Error, NewClaim, PgStore, Store, TransactionalStore, TxClaim, store_conformance,
     transactional_conformance,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
-
-const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
 
 /// Long enough never to run out in a test that expects no timeout.
 const LONG_WAIT: Duration = Duration::from_secs(10);
 
-fn admin_url() -> String {
-    std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned())
-}
-
-/// `url` with its database replaced by `database`, keeping any query parameters.
-fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[authority..].find('/') {
-        Some(slash) => &base[..authority + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{base}/{database}?{query}"),
-        None => format!("{base}/{database}"),
-    }
-}
-
-/// A database for one test; dropping it drops the database.
-struct TestDb {
-    name: String,
-    url: String,
-}
-
-impl TestDb {
-    async fn create() -> Self {
-        // A UUID's simple form is lower-case hex, so the name needs no quoting. Copying
-        // template0, which nobody connects to, works whichever database the admin URL names
-        // (copying template1 fails while another test's admin session is connected to it).
-        let name = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&admin_url())
-            .await
-            .expect("connect to the test server (set IDEM_TEST_PG_URL)");
-        admin
-            .execute(AssertSqlSafe(format!(
-                "CREATE DATABASE {name} TEMPLATE template0"
-            )))
-            .await
-            .expect("create the test database");
-        admin.close().await.expect("close the admin connection");
-        Self {
-            url: with_database(&admin_url(), &name),
-            name,
-        }
-    }
-
-    /// A pool of at most `max` connections to the database.
-    async fn pool(&self, max: u32) -> PgPool {
-        PgPoolOptions::new()
-            .max_connections(max)
-            .connect(&self.url)
-            .await
-            .expect("connect to the test database")
-    }
-
-    /// A store on a pool of at most `max` connections.
-    async fn store(&self, max: u32) -> PgStore {
-        PgStore::from_pool(self.pool(max).await)
-            .await
-            .expect("migrate the test database")
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // Drop cannot await, and a runtime cannot be blocked on from inside itself: the drop
-        // runs to completion on a thread with a runtime of its own. FORCE ends the sessions the
-        // test's pools may still hold.
-        let name = self.name.clone();
-        let dropped = std::thread::spawn(
-            move || -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async {
-                    let mut admin = PgConnection::connect(&admin_url()).await?;
-                    admin
-                        .execute(AssertSqlSafe(format!(
-                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                        )))
-                        .await?;
-                    admin.close().await?;
-                    Ok(())
-                })
-            },
-        )
-        .join();
-        // No panic here: this may run while a failed test unwinds, and a second panic aborts.
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
-            Err(_) => eprintln!("dropping test database {} panicked", self.name),
-        }
-    }
-}
-
-async fn fresh_store() -> (PgStore, TestDb) {
-    let db = TestDb::create().await;
-    let store = PgStore::connect(&db.url).await.expect("connect the store");
+async fn fresh_store() -> (PgStore, PgTestDatabase) {
+    let db = PgTestDatabase::create().await;
+    let store = PgStore::connect(db.url()).await.expect("connect the store");
     (store, db)
 }
 
@@ -214,7 +113,7 @@ async fn lock_waiters(pool: &PgPool, n: i64) {
 /// gives its connection back at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn busy_after_lock_timeout_frees_the_connection() {
-    let db = TestDb::create().await;
+    let db = PgTestDatabase::create().await;
     // Two connections: the first transaction's and the duplicate's.
     let store = db.store(2).await;
     let key = scope("busy-key-0001");
@@ -252,7 +151,7 @@ async fn busy_after_lock_timeout_frees_the_connection() {
 /// connection is bounded by the same wait and also ends in `Busy`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn busy_when_no_connection_is_free() {
-    let db = TestDb::create().await;
+    let db = PgTestDatabase::create().await;
     let store = db.store(1).await;
     let key = scope("busy-key-0002");
     let first = begin_claimed(&store, &claim(&key, 1)).await;
@@ -268,7 +167,7 @@ async fn busy_when_no_connection_is_free() {
 /// its transaction runs under the session's lock_timeout, not the claim's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_claims_when_the_first_rolls_back() {
-    let db = TestDb::create().await;
+    let db = PgTestDatabase::create().await;
     let store = db.store(4).await;
     let key = scope("rollback-key1");
     let first = begin_claimed(&store, &claim(&key, 1)).await;
@@ -303,7 +202,7 @@ async fn duplicate_claims_when_the_first_rolls_back() {
 /// record, to replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_replays_when_the_first_commits() {
-    let db = TestDb::create().await;
+    let db = PgTestDatabase::create().await;
     let store = db.store(4).await;
     let key = scope("commit-key-01");
     let first = begin_claimed(&store, &claim(&key, 1)).await;
@@ -334,12 +233,12 @@ async fn duplicate_replays_when_the_first_commits() {
 /// migration is applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_migrations_of_a_fresh_database_succeed() {
-    let db = TestDb::create().await;
+    let db = PgTestDatabase::create().await;
     let instances = 4;
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(instances));
     let tasks: Vec<_> = (0..instances)
         .map(|_| {
-            let (url, start) = (db.url.clone(), start.clone());
+            let (url, start) = (db.url().to_owned(), start.clone());
             tokio::spawn(async move {
                 start.wait().await;
                 PgStore::connect(&url).await
@@ -367,7 +266,7 @@ async fn concurrent_migrations_of_a_fresh_database_succeed() {
 /// and comparisons in SQL (the sweeper's) are exact to the millisecond.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn timestamps_round_trip_exactly() {
-    let db = TestDb::create().await;
+    let db = PgTestDatabase::create().await;
     let store = db.store(4).await;
 
     // The sweeper's boundary: a record expiring at E is kept at E - 1 ms and swept at E.
@@ -458,7 +357,7 @@ async fn timestamps_round_trip_exactly() {
 /// A sweeper neither blocks on nor deletes a row another transaction holds; it takes the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sweep_skips_rows_locked_elsewhere() {
-    let db = TestDb::create().await;
+    let db = PgTestDatabase::create().await;
     let store = db.store(4).await;
     for i in 0..3 {
         let key = scope(&format!("sweep-key-{i:04}"));
@@ -558,8 +457,8 @@ impl Forwarder {
 /// could be made is not a `Busy` key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn database_lost_after_connect_is_unavailable() {
-    let db = TestDb::create().await;
-    let direct: PgConnectOptions = db.url.parse().unwrap();
+    let db = PgTestDatabase::create().await;
+    let direct: PgConnectOptions = db.url().parse().unwrap();
     let proxy = Forwarder::start((direct.get_host().to_owned(), direct.get_port())).await;
     let pool = PgPoolOptions::new()
         .max_connections(4)

@@ -1,0 +1,222 @@
+//! `idem proxy`: the idempotency contract (SPEC §2) in front of any HTTP API, in any language.
+//!
+//! The gateway is [`idem_tower::IdempotencyLayer`] in lease mode around a reverse proxy. It
+//! scopes keys to the caller's credential as HMAC-SHA256(server secret, credential), so a
+//! guessed key never reaches another client's response, forwards the key (or a key derived
+//! from it) so an idempotent upstream can dedupe too, and tells the layer what each upstream
+//! answer means:
+//!
+//! | upstream | client gets | the key |
+//! | --- | --- | --- |
+//! | refused the connection (nothing sent) | `502` | released: the retry runs fresh |
+//! | answered 2xx/3xx/4xx | the answer | stored and replayed (rejections before work excepted) |
+//! | answered 5xx | the answer | stored and replayed, as Stripe does ([`UnknownOutcome`] to change) |
+//! | timed out after the request was sent | `504` | kept in progress until its lease ends; then the next retry is sent upstream with the same key |
+//!
+//! ```no_run
+//! use idem_gateway::{GatewayConfig, Secret, serve};
+//! use idem_store::SqliteStore;
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = SqliteStore::open("gateway.db").await?;
+//! let config = GatewayConfig::new("http://127.0.0.1:3000".parse()?, Secret::new(*b"a-secret-of-32-bytes-or-so.....")?);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8081").await?;
+//! serve(listener, store, config, std::future::pending()).await?;
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderName, HeaderValue, StatusCode, Uri, header};
+use idem_core::{AccountId, Clock, Policy, SystemClock};
+use idem_store::Store;
+use idem_tower::{IdempotencyLayer, Outcome};
+use tokio::net::TcpListener;
+
+mod secret;
+mod upstream;
+
+pub use secret::{Secret, SecretError};
+pub use upstream::KeyForwarding;
+
+use upstream::Upstream;
+
+/// What to do with the key when the upstream's outcome is uncertain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownOutcome {
+    /// Store the answer and replay it to every retry.
+    Store,
+    /// Keep the key in progress until its lease ends; then a retry is sent upstream again with
+    /// the same key.
+    Keep,
+    /// Forget the key: the next retry is sent upstream at once.
+    Release,
+}
+
+impl UnknownOutcome {
+    pub(crate) fn as_outcome(self) -> Outcome {
+        match self {
+            UnknownOutcome::Store => Outcome::Store,
+            UnknownOutcome::Keep => Outcome::Unknown,
+            UnknownOutcome::Release => Outcome::Release,
+        }
+    }
+}
+
+/// How the gateway runs.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The upstream's base URL (`http://127.0.0.1:3000`).
+    pub upstream: Uri,
+    /// The HMAC key for scopes and derived keys.
+    pub secret: Secret,
+    /// The header whose value identifies the caller (default `Authorization`).
+    pub credential_header: HeaderName,
+    /// Refuse requests without a credential with `401` (default: they share one anonymous
+    /// scope).
+    pub require_auth: bool,
+    /// The idempotency policy; `require_key` false passes keyless requests through untouched.
+    pub policy: Policy,
+    /// What the upstream receives as its `Idempotency-Key`.
+    pub forwarding: KeyForwarding,
+    /// What a 5xx answer does to the key (default: stored).
+    pub on_5xx: UnknownOutcome,
+    /// What a timeout or a connection lost after sending does to the key (default: kept until
+    /// its lease ends).
+    pub on_timeout: UnknownOutcome,
+    /// How long the upstream may take.
+    pub upstream_timeout: Duration,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl GatewayConfig {
+    /// The defaults for `upstream`.
+    pub fn new(upstream: Uri, secret: Secret) -> Self {
+        Self {
+            upstream,
+            secret,
+            credential_header: header::AUTHORIZATION,
+            require_auth: false,
+            policy: Policy::default(),
+            forwarding: KeyForwarding::AsSent,
+            on_5xx: UnknownOutcome::Store,
+            on_timeout: UnknownOutcome::Keep,
+            upstream_timeout: Duration::from_secs(30),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// The path where the gateway publishes its rules, out of the way of upstream paths.
+pub const POLICY_PATH: &str = "/.well-known/idempotency-policy";
+
+/// The gateway as an axum router over `store`.
+pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
+    let mut upstream = Upstream::new(config.upstream.clone());
+    upstream.timeout = config.upstream_timeout;
+    upstream.forwarding = config.forwarding;
+    upstream.secret = config.secret.clone();
+    upstream.on_5xx = config.on_5xx;
+    upstream.on_timeout = config.on_timeout;
+
+    let secret = config.secret.clone();
+    let credential = config.credential_header.clone();
+    let idempotency = IdempotencyLayer::leased(store)
+        .with_policy(config.policy.clone())
+        .with_clock(ClockRef(config.clock.clone()))
+        .with_account(move |parts| match parts.headers.get(&credential) {
+            // The credential itself is never stored: only its HMAC under the server secret.
+            Some(value) => AccountId::new(format!(
+                "hmac:{}",
+                &secret.hmac_hex(&[b"idem-scope", value.as_bytes()])[..32]
+            )),
+            None => AccountId::new("anonymous"),
+        });
+    let published = Arc::new(config.policy.published("lease"));
+    let auth = Arc::new((config.credential_header.clone(), config.require_auth));
+    Router::new()
+        .route(
+            POLICY_PATH,
+            axum::routing::get(move || {
+                let published = published.clone();
+                async move { axum::Json((*published).clone()) }
+            }),
+        )
+        .fallback_service(
+            tower::ServiceBuilder::new()
+                .layer(idempotency)
+                .service(upstream),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            require_credential,
+        ))
+}
+
+async fn require_credential(
+    State(auth): State<Arc<(HeaderName, bool)>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (header_name, required) = &*auth;
+    if *required && !request.headers().contains_key(header_name) {
+        let body = serde_problem(
+            StatusCode::UNAUTHORIZED,
+            &format!("this gateway requires the {header_name} header"),
+        );
+        return (
+            StatusCode::UNAUTHORIZED,
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/problem+json"),
+                ),
+                (header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")),
+            ],
+            body,
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+fn serde_problem(status: StatusCode, detail: &str) -> Body {
+    Body::from(
+        serde_json::json!({
+            "type": "urn:idem:problem:unauthorized",
+            "title": "Authentication required",
+            "status": status.as_u16(),
+            "detail": detail,
+        })
+        .to_string(),
+    )
+}
+
+/// Serves the gateway on `listener` until `shutdown` completes.
+pub async fn serve<St: Store>(
+    listener: TcpListener,
+    store: St,
+    config: GatewayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(store, config))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Lets the layer share the gateway's clock.
+#[derive(Debug, Clone)]
+struct ClockRef(Arc<dyn Clock>);
+
+impl Clock for ClockRef {
+    fn now(&self) -> idem_core::Timestamp {
+        self.0.now()
+    }
+}

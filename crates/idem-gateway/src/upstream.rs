@@ -1,0 +1,211 @@
+//! The proxy itself: forwards a request to the upstream and tells the idempotency layer what
+//! its answer means.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem_core::{ProblemKind, Scope};
+use idem_tower::Outcome;
+use tower::Service;
+
+use crate::{Secret, UnknownOutcome};
+
+/// What the upstream receives in its `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyForwarding {
+    /// The client's key, unchanged.
+    AsSent,
+    /// HMAC-SHA256(secret, account, key) in hex: unique per account, so an upstream that
+    /// dedupes on the key alone cannot mix two accounts' requests.
+    Derived,
+    /// No key.
+    Drop,
+}
+
+/// Forwards requests to one upstream.
+#[derive(Debug, Clone)]
+pub(crate) struct Upstream {
+    pub(crate) client: Client<HttpConnector, Body>,
+    pub(crate) base: Uri,
+    pub(crate) timeout: Duration,
+    pub(crate) forwarding: KeyForwarding,
+    pub(crate) secret: Secret,
+    pub(crate) on_5xx: UnknownOutcome,
+    pub(crate) on_timeout: UnknownOutcome,
+}
+
+impl Upstream {
+    pub(crate) fn new(base: Uri) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            base,
+            timeout: Duration::from_secs(30),
+            forwarding: KeyForwarding::AsSent,
+            secret: Secret::new(vec![0; 16]).expect("16 bytes"),
+            on_5xx: UnknownOutcome::Store,
+            on_timeout: UnknownOutcome::Keep,
+        }
+    }
+}
+
+/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in `Connection` are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+fn problem(kind: ProblemKind, detail: &str, outcome: Outcome) -> Response<Body> {
+    let mut response = Response::new(Body::from(Bytes::from(kind.with_detail(detail).to_json())));
+    *response.status_mut() = StatusCode::from_u16(kind.status()).expect("a valid status");
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response.extensions_mut().insert(outcome);
+    response
+}
+
+impl Service<Request<Body>> for Upstream {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(request).await) })
+    }
+}
+
+impl Upstream {
+    async fn forward(self, request: Request<Body>) -> Response<Body> {
+        let (mut parts, body) = request.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let base_path = self.base.path().trim_end_matches('/');
+        let uri = match Uri::builder()
+            .scheme(self.base.scheme_str().unwrap_or("http"))
+            .authority(self.base.authority().map(|a| a.as_str()).unwrap_or(""))
+            .path_and_query(format!("{base_path}{path}"))
+            .build()
+        {
+            Ok(uri) => uri,
+            Err(e) => {
+                return problem(
+                    ProblemKind::UpstreamUnavailable,
+                    &format!("cannot build the upstream URL: {e}"),
+                    Outcome::Release,
+                );
+            }
+        };
+        let original_host = parts.headers.get(header::HOST).cloned();
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::HOST);
+        if let Some(host) = original_host {
+            parts.headers.insert("x-forwarded-host", host);
+        }
+        let scope = parts.extensions.get::<Scope>().cloned();
+        match (self.forwarding, scope) {
+            (KeyForwarding::AsSent, _) => {}
+            (KeyForwarding::Derived, Some(scope)) => {
+                let derived = self.secret.hmac_hex(&[
+                    b"idem-forwarded-key",
+                    scope.account.as_str().as_bytes(),
+                    scope.key.as_str().as_bytes(),
+                ]);
+                parts.headers.insert(
+                    "idempotency-key",
+                    HeaderValue::from_str(&derived).expect("hex is a valid header value"),
+                );
+            }
+            (KeyForwarding::Derived, None) | (KeyForwarding::Drop, _) => {
+                parts.headers.remove("idempotency-key");
+            }
+        }
+        parts.uri = uri;
+        parts.extensions = Default::default();
+        let outgoing = Request::from_parts(parts, body);
+
+        match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
+            Ok(Ok(response)) => {
+                let (mut parts, body) = response.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                if parts.status.is_server_error() {
+                    parts.extensions.insert(match self.on_5xx {
+                        UnknownOutcome::Store => Outcome::Store,
+                        UnknownOutcome::Keep => Outcome::Unknown,
+                        UnknownOutcome::Release => Outcome::Release,
+                    });
+                }
+                Response::from_parts(parts, Body::new(body))
+            }
+            // The connection was never made: nothing reached the upstream, so the key is
+            // released and a retry runs fresh.
+            Ok(Err(e)) if e.is_connect() => {
+                tracing::warn!(error = %e, "upstream refused the connection");
+                problem(
+                    ProblemKind::UpstreamUnavailable,
+                    "the upstream could not be reached; nothing was sent; retry with the same key",
+                    Outcome::Release,
+                )
+            }
+            // Sent, then lost: the upstream may have acted.
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "upstream connection failed after the request was sent");
+                problem(
+                    ProblemKind::UpstreamUnavailable,
+                    "the upstream connection failed after the request was sent; the outcome is unknown",
+                    self.on_timeout.as_outcome(),
+                )
+            }
+            Err(_elapsed) => problem(
+                ProblemKind::UpstreamTimeout,
+                "the upstream did not answer in time; the outcome is unknown; retry with the same key",
+                self.on_timeout.as_outcome(),
+            ),
+        }
+    }
+}

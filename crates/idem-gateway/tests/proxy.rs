@@ -1,0 +1,536 @@
+//! `idem proxy` in front of a real upstream with no idempotency of its own (a tiny server that
+//! counts its charges), for each store.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use futures_util::future::join_all;
+use idem_core::{ManualClock, Timestamp};
+use idem_gateway::{GatewayConfig, KeyForwarding, Secret};
+use idem_store::Store;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::{Mutex, Notify, Semaphore};
+
+/// The upstream: charges a card per POST, remembers nothing.
+#[derive(Clone)]
+struct Upstream {
+    charges: Arc<AtomicUsize>,
+    gets: Arc<AtomicUsize>,
+    keys_seen: Arc<Mutex<Vec<Option<String>>>>,
+    headers_seen: Arc<Mutex<Vec<HeaderMap>>>,
+    entered: Arc<Notify>,
+    gate: Arc<Semaphore>,
+    gated: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        Self {
+            charges: Default::default(),
+            gets: Default::default(),
+            keys_seen: Default::default(),
+            headers_seen: Default::default(),
+            entered: Default::default(),
+            gate: Arc::new(Semaphore::new(0)),
+            gated: Default::default(),
+        }
+    }
+}
+
+async fn charge(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
+    let n = up.charges.fetch_add(1, Ordering::SeqCst) + 1;
+    up.keys_seen.lock().await.push(
+        headers
+            .get("idempotency-key")
+            .map(|v| v.to_str().unwrap().to_owned()),
+    );
+    up.headers_seen.lock().await.push(headers);
+    up.entered.notify_one();
+    if up.gated.load(Ordering::SeqCst) {
+        up.gate.acquire().await.unwrap().forget();
+    }
+    let status = if body.windows(4).any(|w| w == b"fail") {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::CREATED
+    };
+    (
+        status,
+        [("content-type", "application/json")],
+        format!(r#"{{"charge":"ch_{n}"}}"#),
+    )
+}
+
+async fn list(State(up): State<Upstream>) -> impl IntoResponse {
+    up.gets.fetch_add(1, Ordering::SeqCst);
+    format!(r#"{{"charges":{}}}"#, up.charges.load(Ordering::SeqCst))
+}
+
+async fn start_upstream(listener: TcpListener, up: Upstream) {
+    let app = Router::new()
+        .route("/charges", post(charge).get(list))
+        .route(
+            "/slow",
+            post(|| async {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                "never"
+            }),
+        )
+        .with_state(up);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+}
+
+struct Proxy {
+    url: String,
+    upstream: Upstream,
+    upstream_addr: std::net::SocketAddr,
+    clock: ManualClock,
+    client: reqwest::Client,
+}
+
+impl Proxy {
+    fn post(
+        &self,
+        path: &str,
+        credential: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> reqwest::RequestBuilder {
+        let mut req = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .header("authorization", credential)
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        req
+    }
+
+    fn charges(&self) -> usize {
+        self.upstream.charges.load(Ordering::SeqCst)
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+}
+
+async fn send(req: reqwest::RequestBuilder) -> Answer {
+    let response = req.send().await.expect("the proxy answers");
+    Answer {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.text().await.unwrap(),
+    }
+}
+
+async fn start_proxy<St: Store>(store: St, adjust: impl FnOnce(&mut GatewayConfig)) -> Proxy {
+    let upstream_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = upstream_listener.local_addr().unwrap();
+    let upstream = Upstream::default();
+    start_upstream(upstream_listener, upstream.clone()).await;
+    start_proxy_to(store, upstream, upstream_addr, adjust).await
+}
+
+async fn start_proxy_to<St: Store>(
+    store: St,
+    upstream: Upstream,
+    upstream_addr: std::net::SocketAddr,
+    adjust: impl FnOnce(&mut GatewayConfig),
+) -> Proxy {
+    let clock = ManualClock::new(Timestamp(1_800_000_000_000));
+    let mut config = GatewayConfig::new(
+        format!("http://{upstream_addr}").parse().unwrap(),
+        Secret::new(b"test-secret-0123456789".to_vec()).unwrap(),
+    );
+    config.clock = Arc::new(clock.clone());
+    adjust(&mut config);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(idem_gateway::serve(
+        listener,
+        store,
+        config,
+        std::future::pending(),
+    ));
+    Proxy {
+        url,
+        upstream,
+        upstream_addr,
+        clock,
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .unwrap(),
+    }
+}
+
+const ALICE: &str = "Bearer sk_alice";
+const BOB: &str = "Bearer sk_bob";
+const BODY: &str = r#"{"amount": 1000, "currency": "EUR"}"#;
+
+async fn twenty_concurrent_copies_make_one_upstream_charge<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    let answers = join_all(
+        (0..20).map(|_| send(proxy.post("/charges", ALICE, Some("twenty-key-0001"), BODY))),
+    )
+    .await;
+    assert_eq!(proxy.charges(), 1);
+    let fresh: Vec<_> = answers
+        .iter()
+        .filter(|a| a.status == 201 && !a.replayed())
+        .collect();
+    assert_eq!(fresh.len(), 1, "one answer came from the upstream");
+    for answer in &answers {
+        match answer.status {
+            201 => assert_eq!(answer.body, fresh[0].body),
+            409 => assert!(answer.headers.get("retry-after").is_some()),
+            other => panic!("unexpected {other}: {}", answer.body),
+        }
+    }
+    let retry = send(proxy.post("/charges", ALICE, Some("twenty-key-0001"), BODY)).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, fresh[0].body);
+    assert_eq!(proxy.charges(), 1);
+}
+
+async fn a_hundred_keys_times_four_shuffled_copies_make_a_hundred_charges<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    let mut requests: Vec<String> = (0..100)
+        .flat_map(|k| std::iter::repeat_n(format!("hundred-key-{k:04}"), 4))
+        .collect();
+    // A fixed shuffle: deterministic, and copies of one key far apart and close together.
+    requests.sort_by_key(|k| {
+        let n: u64 = k[12..].parse().unwrap();
+        (n * 7919) % 101
+    });
+    let answers = join_all(requests.iter().map(|key| {
+        let req = proxy.post("/charges", ALICE, Some(key), BODY);
+        async move { (key.clone(), send(req).await) }
+    }))
+    .await;
+    assert_eq!(proxy.charges(), 100);
+    let mut bodies: HashMap<String, HashSet<String>> = HashMap::new();
+    for (key, answer) in answers {
+        assert!(matches!(answer.status, 201 | 409), "{}", answer.body);
+        if answer.status == 201 {
+            bodies.entry(key).or_default().insert(answer.body);
+        }
+    }
+    assert!(bodies.values().all(|b| b.len() == 1), "one charge per key");
+    for k in 0..100 {
+        let retry = send(proxy.post(
+            "/charges",
+            ALICE,
+            Some(&format!("hundred-key-{k:04}")),
+            BODY,
+        ))
+        .await;
+        assert!(retry.replayed());
+    }
+    assert_eq!(proxy.charges(), 100);
+}
+
+async fn a_changed_body_is_422_and_the_original_still_replays<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    let first = send(proxy.post("/charges", ALICE, Some("mismatch-key-01"), BODY)).await;
+    let changed = send(proxy.post(
+        "/charges",
+        ALICE,
+        Some("mismatch-key-01"),
+        r#"{"amount": 2000, "currency": "EUR"}"#,
+    ))
+    .await;
+    assert_eq!(changed.status, 422);
+    assert!(changed.body.contains("urn:idem:problem:mismatch"));
+    assert_eq!(proxy.charges(), 1, "no upstream call for a mismatch");
+    let again = send(proxy.post("/charges", ALICE, Some("mismatch-key-01"), BODY)).await;
+    assert!(again.replayed());
+    assert_eq!(
+        again.body, first.body,
+        "a mismatch does not poison the stored result"
+    );
+}
+
+async fn another_credential_is_a_new_request<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    let alice = send(proxy.post("/charges", ALICE, Some("shared-key-0001"), BODY)).await;
+    let bob = send(proxy.post("/charges", BOB, Some("shared-key-0001"), BODY)).await;
+    assert_eq!((alice.status, bob.status), (201, 201));
+    assert!(!bob.replayed());
+    assert_ne!(alice.body, bob.body);
+    assert_eq!(proxy.charges(), 2);
+}
+
+async fn gets_pass_through_and_a_key_on_get_is_ignored<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    for _ in 0..2 {
+        let answer = send(
+            proxy
+                .client
+                .get(format!("{}/charges", proxy.url))
+                .header("idempotency-key", "get-key-000001"),
+        )
+        .await;
+        assert_eq!(answer.status, 200);
+        assert!(!answer.replayed());
+    }
+    assert_eq!(proxy.upstream.gets.load(Ordering::SeqCst), 2);
+}
+
+async fn a_missing_key_is_400_and_the_upstream_never_sees_it<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    let answer = send(proxy.post("/charges", ALICE, None, BODY)).await;
+    assert_eq!(answer.status, 400);
+    assert!(answer.body.contains("urn:idem:problem:missing-key"));
+    assert_eq!(proxy.charges(), 0);
+}
+
+async fn keys_optional_passes_keyless_requests_through<St: Store>(store: St) {
+    let proxy = start_proxy(store, |c| c.policy.require_key = false).await;
+    send(proxy.post("/charges", ALICE, None, BODY)).await;
+    send(proxy.post("/charges", ALICE, None, BODY)).await;
+    assert_eq!(proxy.charges(), 2);
+}
+
+async fn the_upstream_down_gives_502_and_the_key_runs_once_when_it_is_back<St: Store>(store: St) {
+    // A port with nothing behind it.
+    let parked = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = parked.local_addr().unwrap();
+    drop(parked);
+    let upstream = Upstream::default();
+    let proxy = start_proxy_to(store, upstream.clone(), addr, |_| {}).await;
+    let down = send(proxy.post("/charges", ALICE, Some("down-key-000001"), BODY)).await;
+    assert_eq!(down.status, 502);
+    assert!(down.body.contains("urn:idem:problem:upstream-unavailable"));
+
+    start_upstream(TcpListener::bind(addr).await.unwrap(), upstream).await;
+    let back = send(proxy.post("/charges", ALICE, Some("down-key-000001"), BODY)).await;
+    assert_eq!(back.status, 201);
+    assert!(!back.replayed());
+    let again = send(proxy.post("/charges", ALICE, Some("down-key-000001"), BODY)).await;
+    assert!(again.replayed());
+    assert_eq!(proxy.charges(), 1);
+}
+
+async fn a_duplicate_during_the_original_gets_409_with_retry_after<St: Store>(store: St) {
+    let proxy = Arc::new(start_proxy(store, |_| {}).await);
+    proxy.upstream.gated.store(true, Ordering::SeqCst);
+    let original = tokio::spawn({
+        let proxy = proxy.clone();
+        async move { send(proxy.post("/charges", ALICE, Some("inflight-key-01"), BODY)).await }
+    });
+    proxy.upstream.entered.notified().await;
+    let duplicate = send(proxy.post("/charges", ALICE, Some("inflight-key-01"), BODY)).await;
+    assert_eq!(duplicate.status, 409);
+    assert!(duplicate.body.contains("urn:idem:problem:in-use"));
+    assert!(duplicate.headers.get("retry-after").is_some());
+    proxy.upstream.gate.add_permits(1);
+    assert_eq!(original.await.unwrap().status, 201);
+    assert_eq!(proxy.charges(), 1);
+}
+
+async fn the_sf_string_form_and_any_header_case_work<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    let first = send(proxy.post("/charges", ALICE, Some("\"sf-key-0000001\""), BODY)).await;
+    assert_eq!(first.status, 201);
+    // Header names are case-insensitive; send one spelled oddly on a raw connection so no
+    // client library normalises it.
+    let addr = proxy.url.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /charges HTTP/1.1\r\nHost: x\r\nAuthorization: {ALICE}\r\nIdEmPoTeNcY-KeY: sf-key-0000001\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = String::new();
+    socket.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 201"), "{reply}");
+    assert!(reply.contains("idempotent-replayed: true"), "{reply}");
+    assert_eq!(proxy.charges(), 1);
+}
+
+async fn a_5xx_is_stored_and_replayed_by_default<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    let fail = r#"{"fail": true}"#;
+    let first = send(proxy.post("/charges", ALICE, Some("five-hundred-01"), fail)).await;
+    assert_eq!(first.status, 500);
+    let again = send(proxy.post("/charges", ALICE, Some("five-hundred-01"), fail)).await;
+    assert_eq!(again.status, 500);
+    assert!(again.replayed());
+    assert_eq!(proxy.charges(), 1);
+}
+
+async fn the_key_is_forwarded_as_sent_or_derived<St: Store>(store: St) {
+    let proxy = start_proxy(store.clone(), |_| {}).await;
+    send(proxy.post("/charges", ALICE, Some("forward-key-001"), BODY)).await;
+    assert_eq!(
+        proxy.upstream.keys_seen.lock().await[0].as_deref(),
+        Some("forward-key-001")
+    );
+    let derived = start_proxy(store, |c| c.forwarding = KeyForwarding::Derived).await;
+    // The same store: a new key, so the derived proxy really forwards.
+    send(derived.post("/charges", ALICE, Some("forward-key-002"), BODY)).await;
+    send(derived.post("/charges", BOB, Some("forward-key-002"), BODY)).await;
+    let seen = derived.upstream.keys_seen.lock().await.clone();
+    let (a, b) = (seen[0].clone().unwrap(), seen[1].clone().unwrap());
+    assert_eq!(a.len(), 64, "an HMAC in hex");
+    assert_ne!(a, "forward-key-002");
+    assert_ne!(a, b, "derived keys differ per account");
+}
+
+async fn hop_by_hop_headers_are_not_forwarded<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    send(
+        proxy
+            .post("/charges", ALICE, Some("hop-key-0000001"), BODY)
+            .header("connection", "x-private")
+            .header("x-private", "secret")
+            .header("x-public", "kept")
+            .header("proxy-authorization", "Basic abc"),
+    )
+    .await;
+    let seen = proxy.upstream.headers_seen.lock().await;
+    assert!(seen[0].get("x-private").is_none());
+    assert!(seen[0].get("proxy-authorization").is_none());
+    assert_eq!(seen[0].get("x-public").unwrap(), "kept");
+    assert_eq!(seen[0].get("authorization").unwrap(), ALICE);
+}
+
+async fn a_timeout_keeps_the_key_until_its_lease_ends_then_retries_upstream<St: Store>(store: St) {
+    let proxy = start_proxy(store, |c| c.upstream_timeout = Duration::from_millis(200)).await;
+    let timed_out = send(proxy.post("/slow", ALICE, Some("timeout-key-001"), BODY)).await;
+    assert_eq!(timed_out.status, 504);
+    assert!(timed_out.body.contains("urn:idem:problem:upstream-timeout"));
+    let during = send(proxy.post("/slow", ALICE, Some("timeout-key-001"), BODY)).await;
+    assert_eq!(
+        during.status, 409,
+        "the outcome is unknown until the lease ends"
+    );
+    proxy.clock.advance(Duration::from_secs(31));
+    let after = send(proxy.post("/slow", ALICE, Some("timeout-key-001"), BODY)).await;
+    assert_eq!(after.status, 504, "sent upstream again with the same key");
+}
+
+async fn require_auth_refuses_requests_without_a_credential<St: Store>(store: St) {
+    let proxy = start_proxy(store, |c| c.require_auth = true).await;
+    let answer = send(
+        proxy
+            .client
+            .post(format!("{}/charges", proxy.url))
+            .header("idempotency-key", "no-auth-key-001")
+            .body(BODY),
+    )
+    .await;
+    assert_eq!(answer.status, 401);
+    assert_eq!(proxy.charges(), 0);
+    let _ = proxy.upstream_addr;
+}
+
+macro_rules! proxy_tests {
+    ($store:ident, $make:expr) => {
+        mod $store {
+            use super::*;
+            proxy_tests!(@each $make;
+                twenty_concurrent_copies_make_one_upstream_charge,
+                a_hundred_keys_times_four_shuffled_copies_make_a_hundred_charges,
+                a_changed_body_is_422_and_the_original_still_replays,
+                another_credential_is_a_new_request,
+                gets_pass_through_and_a_key_on_get_is_ignored,
+                a_missing_key_is_400_and_the_upstream_never_sees_it,
+                keys_optional_passes_keyless_requests_through,
+                the_upstream_down_gives_502_and_the_key_runs_once_when_it_is_back,
+                a_duplicate_during_the_original_gets_409_with_retry_after,
+                the_sf_string_form_and_any_header_case_work,
+                a_5xx_is_stored_and_replayed_by_default,
+                the_key_is_forwarded_as_sent_or_derived,
+                hop_by_hop_headers_are_not_forwarded,
+                a_timeout_keeps_the_key_until_its_lease_ends_then_retries_upstream,
+                require_auth_refuses_requests_without_a_credential,
+            );
+        }
+    };
+    (@each $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let (store, _guard) = $make.await;
+                super::$name(store).await;
+            }
+        )*
+    };
+}
+
+async fn sqlite_store() -> (idem_store::SqliteStore, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_store::SqliteStore::open(dir.path().join("proxy.db"))
+        .await
+        .unwrap();
+    (store, dir)
+}
+
+async fn postgres_store() -> (idem_store::PgStore, idem_store::testing::PgTestDatabase) {
+    let db = idem_store::testing::PgTestDatabase::create().await;
+    let store = idem_store::PgStore::connect(db.url()).await.unwrap();
+    (store, db)
+}
+
+proxy_tests!(sqlite, sqlite_store());
+proxy_tests!(postgres, postgres_store());
+
+/// Deletes a test's Redis keys when dropped.
+struct RedisPrefix {
+    prefix: String,
+}
+
+impl Drop for RedisPrefix {
+    fn drop(&mut self) {
+        let pattern = format!("{}:*", self.prefix);
+        if let Ok(client) = ::redis::Client::open(redis_url()) {
+            if let Ok(mut conn) = client.get_connection() {
+                let keys: Vec<String> = ::redis::cmd("KEYS")
+                    .arg(&pattern)
+                    .query(&mut conn)
+                    .unwrap_or_default();
+                if !keys.is_empty() {
+                    let _: Result<(), _> = ::redis::cmd("DEL").arg(keys).query(&mut conn);
+                }
+            }
+        }
+    }
+}
+
+fn redis_url() -> String {
+    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+async fn redis_store() -> (idem_store::RedisStore, RedisPrefix) {
+    let prefix = format!("idem-test-{}", uuid::Uuid::new_v4().simple());
+    let store = idem_store::RedisStore::connect(&redis_url(), prefix.clone())
+        .await
+        .unwrap();
+    (store, RedisPrefix { prefix })
+}
+
+proxy_tests!(redis, redis_store());
