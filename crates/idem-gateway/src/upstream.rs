@@ -173,6 +173,9 @@ impl Upstream {
             Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                // The client speaks its own HTTP version with the gateway, whatever the
+                // upstream spoke.
+                parts.version = http::Version::default();
                 if parts.status.is_server_error() {
                     parts.extensions.insert(match self.on_5xx {
                         UnknownOutcome::Store => Outcome::Store,

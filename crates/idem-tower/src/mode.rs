@@ -319,10 +319,12 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
 fn in_use<B: From<Bytes>>(decision: &Decision<'_>) -> Response<B> {
     count("in_flight");
     match decision {
+        // The lease's remaining time is only the worst case (it is renewed while the work
+        // runs); most work ends in well under a second, so ask for a retry in one.
         Decision::InFlight { retry_after } => problem(
             ProblemKind::InUse,
             "a request with this Idempotency-Key is still running; retry later with the same key",
-            Some(*retry_after),
+            Some((*retry_after).min(Duration::from_secs(1))),
         ),
         _ => problem(
             ProblemKind::OutcomeUnknown,

@@ -266,7 +266,7 @@ async fn lease_mode_duplicate_gets_409_with_retry_after_while_the_original_runs(
     app.handler.entered.notified().await;
     let (status, headers, problem) = app.send(Some("lease-key-00001"), body).await;
     assert_eq!(status, 409);
-    assert_eq!(headers.get("retry-after").unwrap(), "30");
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
     let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
     assert_eq!(problem["type"], "urn:idem:problem:in-use");
     app.handler.gate.add_permits(1);
