@@ -45,6 +45,9 @@ pub struct Policy {
     pub in_flight_wait: Duration,
     /// How long a lease-mode claim holds without renewal.
     pub lease: Duration,
+    /// How long a request body may take to arrive; a body that trickles in slower gets `408`
+    /// instead of holding a connection forever.
+    pub body_timeout: Duration,
 }
 
 impl Default for Policy {
@@ -60,6 +63,7 @@ impl Default for Policy {
             unstored_statuses: vec![400, 401, 403, 404, 405, 408, 413, 415, 429],
             in_flight_wait: Duration::from_secs(10),
             lease: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -20,6 +20,8 @@ pub enum ProblemKind {
     OutcomeUnknown,
     /// `413`: the body is over the limit.
     BodyTooLarge,
+    /// `408`: the body did not arrive in time.
+    BodyTimeout,
     /// `503`: the record store cannot be reached; the request was not processed.
     StoreUnavailable,
     /// `502`: a gateway could not reach its upstream; nothing was sent, so a retry runs fresh.
@@ -40,6 +42,7 @@ impl ProblemKind {
             Self::InUse => "urn:idem:problem:in-use",
             Self::OutcomeUnknown => "urn:idem:problem:outcome-unknown",
             Self::BodyTooLarge => "urn:idem:problem:body-too-large",
+            Self::BodyTimeout => "urn:idem:problem:body-timeout",
             Self::StoreUnavailable => "urn:idem:problem:store-unavailable",
             Self::UpstreamUnavailable => "urn:idem:problem:upstream-unavailable",
             Self::UpstreamTimeout => "urn:idem:problem:upstream-timeout",
@@ -53,6 +56,7 @@ impl ProblemKind {
             Self::Mismatch => 422,
             Self::InUse | Self::OutcomeUnknown => 409,
             Self::BodyTooLarge => 413,
+            Self::BodyTimeout => 408,
             Self::StoreUnavailable => 503,
             Self::UpstreamUnavailable => 502,
             Self::UpstreamTimeout => 504,
@@ -71,6 +75,7 @@ impl ProblemKind {
                 "The outcome of this Idempotency-Key's request is being reconciled"
             }
             Self::BodyTooLarge => "The request body is too large",
+            Self::BodyTimeout => "The request body did not arrive in time",
             Self::StoreUnavailable => "The idempotency store is unavailable",
             Self::UpstreamUnavailable => "The upstream service is unavailable",
             Self::UpstreamTimeout => "The upstream service did not answer in time",

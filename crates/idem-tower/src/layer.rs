@@ -240,7 +240,23 @@ where
         count("body_too_large");
         return Ok(too_large(policy));
     }
-    let body = match Limited::new(body, policy.body_limit).collect().await {
+    let collected = tokio::time::timeout(
+        policy.body_timeout,
+        Limited::new(body, policy.body_limit).collect(),
+    )
+    .await;
+    let Ok(collected) = collected else {
+        count("body_timeout");
+        return Ok(problem(
+            ProblemKind::BodyTimeout,
+            format!(
+                "the request body did not arrive within {} s",
+                policy.body_timeout.as_secs_f64()
+            ),
+            None,
+        ));
+    };
+    let body = match collected {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             count("body_too_large");

@@ -408,3 +408,31 @@ async fn a_chunked_body_over_the_limit_is_413() {
     assert_eq!(app.calls(), 0);
     assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
 }
+
+#[tokio::test]
+async fn a_body_that_trickles_in_gets_408_not_a_hung_connection() {
+    let app = start(Kind::Transaction, |p| {
+        p.body_timeout = Duration::from_millis(300)
+    })
+    .await;
+    let addr = app
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/work");
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // Declares 100 bytes, sends 10, then stalls.
+    socket
+        .write_all(b"POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: trickle-key-001\r\ncontent-type: text/plain\r\ncontent-length: 100\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let mut reply = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut reply))
+        .await
+        .expect("answered, not hung")
+        .unwrap();
+    let reply = String::from_utf8_lossy(&reply[..n]);
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("urn:idem:problem:body-timeout"), "{reply}");
+    assert_eq!(app.calls(), 0);
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+}
