@@ -15,7 +15,9 @@ use idem_core::{
     RequestParts, Scope, StoredResponse, Timestamp, decide,
 };
 
-use crate::{ClaimOutcome, NewClaim, Store, TransactionalStore, TxClaim, sweep_all};
+use crate::{
+    AdminStore, ClaimOutcome, NewClaim, RecordFilter, Store, TransactionalStore, TxClaim, sweep_all,
+};
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
 
@@ -421,6 +423,79 @@ pub async fn transaction_wait_is_bounded<S: TransactionalStore>(store: S) {
     store.rollback(tx).await.unwrap();
 }
 
+/// Operators list records by account, state and expired lease, purge one, and complete an
+/// in-progress one whatever its token.
+pub async fn admin_lists_purges_and_force_completes<S: AdminStore>(store: S) {
+    let fp = fingerprint("{}");
+    let lease = Policy::default().lease;
+    let done = scope("acct_a", "admin-done-001");
+    let running = scope("acct_a", "admin-running-1");
+    let other = scope("acct_b", "admin-other-01");
+    store.claim(&claim_at(&done, fp, 1, T0)).await.unwrap();
+    store
+        .complete(&done, FencingToken(1), &response("{}"))
+        .await
+        .unwrap();
+    store
+        .claim(&claim_at(&running, fp, 2, T0.plus(Duration::from_secs(1))))
+        .await
+        .unwrap();
+    store
+        .claim(&claim_at(&other, fp, 3, T0.plus(Duration::from_secs(2))))
+        .await
+        .unwrap();
+
+    let all = store.list(&RecordFilter::default()).await.unwrap();
+    assert_eq!(all.len(), 3);
+    assert_eq!(all[0].scope, other, "newest first");
+    let mine = RecordFilter {
+        account: Some(AccountId::new("acct_a")),
+        ..Default::default()
+    };
+    assert_eq!(store.list(&mine).await.unwrap().len(), 2);
+    let in_progress = RecordFilter {
+        in_progress: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(store.list(&in_progress).await.unwrap().len(), 2);
+    let stale = |at| RecordFilter {
+        lease_expired_by: Some(at),
+        ..Default::default()
+    };
+    assert!(store.list(&stale(T0.plus(lease))).await.unwrap().is_empty());
+    let expired = store
+        .list(&stale(T0.plus(lease + Duration::from_secs(1))))
+        .await
+        .unwrap();
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].scope, running);
+    let limited = RecordFilter {
+        limit: 1,
+        ..Default::default()
+    };
+    assert_eq!(store.list(&limited).await.unwrap().len(), 1);
+
+    assert!(
+        store
+            .force_complete(&running, &response("operator"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .force_complete(&done, &response("again"))
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.get(&running).await.unwrap().unwrap().state,
+        RecordState::Completed(ref r) if r.body == b"operator"
+    ));
+    assert!(store.purge(&done).await.unwrap());
+    assert!(!store.purge(&done).await.unwrap());
+    assert_eq!(store.get(&done).await.unwrap(), None);
+}
+
 /// Instantiates the [`Store`] conformance suite. `$make` is an async expression that yields
 /// `(store, guard)`; the guard is dropped when the test ends.
 #[macro_export]
@@ -444,6 +519,14 @@ macro_rules! store_conformance {
                 $crate::conformance::$name(store).await;
             }
         )*
+    };
+}
+
+/// Instantiates the [`AdminStore`] part of the suite.
+#[macro_export]
+macro_rules! admin_conformance {
+    ($make:expr) => {
+        $crate::store_conformance!(@tests $make; admin_lists_purges_and_force_completes);
     };
 }
 

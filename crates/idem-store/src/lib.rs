@@ -40,7 +40,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use idem_core::{FencingToken, Fingerprint, Policy, Record, Scope, StoredResponse, Timestamp};
+use idem_core::{
+    AccountId, FencingToken, Fingerprint, Policy, Record, Scope, StoredResponse, Timestamp,
+};
 
 mod error;
 #[cfg(feature = "postgres")]
@@ -190,6 +192,65 @@ pub enum TxClaim<Tx> {
     Existing(Record),
     /// Another transaction held the key for longer than the wait.
     Busy,
+}
+
+/// Which records [`AdminStore::list`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct RecordFilter {
+    /// Only this account's.
+    pub account: Option<AccountId>,
+    /// Only in-progress records (`true`) or only completed ones (`false`).
+    pub in_progress: Option<bool>,
+    /// Only records whose lease ran out by then (in-progress records a crashed worker left).
+    pub lease_expired_by: Option<Timestamp>,
+    /// At most this many (default 100 when zero).
+    pub limit: u32,
+}
+
+impl RecordFilter {
+    fn limit(&self) -> i64 {
+        if self.limit == 0 {
+            100
+        } else {
+            i64::from(self.limit)
+        }
+    }
+
+    fn state(&self) -> Option<&'static str> {
+        self.in_progress
+            .map(|p| if p { "in_progress" } else { "completed" })
+    }
+}
+
+/// What operators and reconcilers need beyond the request path (`idem keys`, the lease
+/// reconciler of `idem serve`).
+pub trait AdminStore: Store {
+    /// Records matching `filter`, newest first.
+    fn list(&self, filter: &RecordFilter) -> impl Future<Output = Result<Vec<Record>>> + Send;
+
+    /// Deletes the record `scope` names, whatever its state; `false` if there was none.
+    fn purge(&self, scope: &Scope) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Completes the in-progress record `scope` names with `response`, whatever its token: an
+    /// operator (or reconciler) who knows the outcome. `false` if it is not in progress.
+    fn force_complete(
+        &self,
+        scope: &Scope,
+        response: &StoredResponse,
+    ) -> impl Future<Output = Result<bool>> + Send;
+}
+
+/// Rebuilds a scope read back from a store: the key was validated when it was stored, under
+/// limits that may since have changed, so it is not validated again.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn stored_scope(account: String, key: String) -> Result<Scope> {
+    let limits = idem_core::KeyLimits {
+        min_len: 1,
+        max_len: usize::MAX,
+    };
+    let key = idem_core::IdempotencyKey::new(key, limits)
+        .map_err(|e| Error::Corrupt(format!("a stored key is invalid: {e}")))?;
+    Ok(Scope::new(AccountId::new(account), key))
 }
 
 /// Runs the sweeper once: deletes expired records in batches until none is left.

@@ -26,7 +26,10 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{PgExecutor, Postgres, Row};
 use tokio::time::Instant;
 
-use crate::{ClaimOutcome, Error, NewClaim, Result, Store, TransactionalStore, TxClaim};
+use crate::{
+    AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
+    TxClaim, stored_scope,
+};
 
 /// The transaction a handler writes through in transaction mode.
 pub type PgTx = sqlx::Transaction<'static, Postgres>;
@@ -449,5 +452,71 @@ impl TransactionalStore for PgStore {
     async fn rollback(&self, tx: PgTx) -> Result<()> {
         tx.rollback().await.map_err(classify)?;
         Ok(())
+    }
+}
+
+impl AdminStore for PgStore {
+    async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>> {
+        let rows = sqlx::query(
+            "SELECT account_id, idem_key, request_hash, status, response_code,
+                    response_headers::text AS response_headers, response_body, body_omitted,
+                    (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
+                    (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
+                    (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
+                    fencing_token
+             FROM idempotency_keys
+             WHERE ($1::text IS NULL OR account_id = $1)
+               AND ($2::text IS NULL OR status = $2)
+               AND ($3::bigint IS NULL OR (status = 'in_progress' AND lease_until
+                    <= to_timestamp($3 / 1000) + ($3 % 1000) * interval '1 millisecond'))
+             ORDER BY created_at DESC
+             LIMIT $4",
+        )
+        .bind(filter.account.as_ref().map(|a| a.as_str()))
+        .bind(filter.state())
+        .bind(filter.lease_expired_by.map(|t| t.0))
+        .bind(filter.limit())
+        .fetch_all(&self.pool)
+        .await
+        .map_err(classify)?;
+        rows.iter()
+            .map(|row| {
+                let account: String = row.try_get("account_id").map_err(classify)?;
+                let key: String = row.try_get("idem_key").map_err(classify)?;
+                record_from_row(&stored_scope(account, key)?, row)
+            })
+            .collect()
+    }
+
+    async fn purge(&self, scope: &Scope) -> Result<bool> {
+        let done =
+            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2")
+                .bind(scope.account.as_str())
+                .bind(scope.key.as_str())
+                .execute(&self.pool)
+                .await
+                .map_err(classify)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
+        // One statement: the token is read and matched by the same UPDATE.
+        let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
+        let done = sqlx::query(
+            "UPDATE idempotency_keys
+             SET status = 'completed', response_code = $3, response_headers = $4::jsonb,
+                 response_body = $5, body_omitted = $6
+             WHERE account_id = $1 AND idem_key = $2 AND status = 'in_progress'",
+        )
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .bind(i32::from(response.status))
+        .bind(headers)
+        .bind(&response.body[..])
+        .bind(response.body_omitted)
+        .execute(&self.pool)
+        .await
+        .map_err(classify)?;
+        Ok(done.rows_affected() == 1)
     }
 }

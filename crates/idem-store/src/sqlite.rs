@@ -17,7 +17,10 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, SqliteConnection};
 
-use crate::{ClaimOutcome, Error, NewClaim, Result, Store, TransactionalStore, TxClaim};
+use crate::{
+    AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
+    TxClaim, stored_scope,
+};
 
 /// The transaction a handler writes through in transaction mode.
 pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
@@ -312,5 +315,59 @@ impl TransactionalStore for SqliteStore {
     async fn rollback(&self, tx: SqliteTx) -> Result<()> {
         tx.rollback().await?;
         Ok(())
+    }
+}
+
+impl AdminStore for SqliteStore {
+    async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>> {
+        let rows = sqlx::query(
+            "SELECT account_id, idem_key, request_hash, status, response_code, response_headers,
+                    response_body, body_omitted, created_at, expires_at, lease_until, fencing_token
+             FROM idempotency_keys
+             WHERE (?1 IS NULL OR account_id = ?1)
+               AND (?2 IS NULL OR status = ?2)
+               AND (?3 IS NULL OR (status = 'in_progress' AND lease_until <= ?3))
+             ORDER BY created_at DESC
+             LIMIT ?4",
+        )
+        .bind(filter.account.as_ref().map(|a| a.as_str()))
+        .bind(filter.state())
+        .bind(filter.lease_expired_by.map(|t| t.0))
+        .bind(filter.limit())
+        .fetch_all(&self.readers)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let scope = stored_scope(row.try_get("account_id")?, row.try_get("idem_key")?)?;
+                record_from_row(&scope, row)
+            })
+            .collect()
+    }
+
+    async fn purge(&self, scope: &Scope) -> Result<bool> {
+        let done =
+            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = ?1 AND idem_key = ?2")
+                .bind(scope.account.as_str())
+                .bind(scope.key.as_str())
+                .execute(&self.writer)
+                .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
+        let mut conn = self.writer.acquire().await?;
+        let token: Option<i64> = sqlx::query_scalar(
+            "SELECT fencing_token FROM idempotency_keys
+             WHERE account_id = ?1 AND idem_key = ?2 AND status = 'in_progress'",
+        )
+        .bind(scope.account.as_str())
+        .bind(scope.key.as_str())
+        .fetch_optional(&mut *conn)
+        .await?;
+        // One writer connection: nothing can change the row between the read and the write.
+        match token {
+            Some(token) => complete_on(&mut conn, scope, FencingToken(token), response).await,
+            None => Ok(false),
+        }
     }
 }

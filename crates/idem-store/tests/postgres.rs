@@ -10,8 +10,8 @@ use idem_core::{
 };
 use idem_store::testing::{PgTestDatabase, with_database};
 use idem_store::{
-    ClaimOutcome, Error, NewClaim, PgStore, Store, TransactionalStore, TxClaim, store_conformance,
-    transactional_conformance,
+    ClaimOutcome, Error, NewClaim, PgStore, Store, TransactionalStore, TxClaim, admin_conformance,
+    store_conformance, transactional_conformance,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
@@ -28,6 +28,7 @@ async fn fresh_store() -> (PgStore, PgTestDatabase) {
 
 store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
+admin_conformance!(fresh_store());
 
 fn scope(key: &str) -> Scope {
     Scope::new(

@@ -1,6 +1,6 @@
 //! The conformance suite against [`SqliteStore`], each test on its own database file.
 
-use idem_store::{SqliteStore, store_conformance, transactional_conformance};
+use idem_store::{SqliteStore, admin_conformance, store_conformance, transactional_conformance};
 
 async fn fresh_store() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -12,3 +12,4 @@ async fn fresh_store() -> (SqliteStore, tempfile::TempDir) {
 
 store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
+admin_conformance!(fresh_store());
