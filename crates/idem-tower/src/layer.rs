@@ -70,6 +70,10 @@ impl<M: Mode> IdempotencyLayer<M> {
         }
     }
 
+    pub(crate) fn mode_mut(&mut self) -> &mut M {
+        &mut self.mode
+    }
+
     /// Replaces the [`Policy`] (default: [`Policy::default`]).
     pub fn with_policy(mut self, policy: Policy) -> Self {
         self.policy = Arc::new(policy);

@@ -72,7 +72,10 @@ pub struct TransactionMode<St>(St);
 /// Lease mode: the claim commits first with a lease and a fencing token; the outcome is stored
 /// only by the holder of the current token. For work that calls outside the database.
 #[derive(Debug, Clone)]
-pub struct LeaseMode<St>(St);
+pub struct LeaseMode<St> {
+    store: St,
+    take_over: bool,
+}
 
 impl<St: TransactionalStore> IdempotencyLayer<TransactionMode<St>> {
     /// A layer in transaction mode over `store`.
@@ -82,9 +85,21 @@ impl<St: TransactionalStore> IdempotencyLayer<TransactionMode<St>> {
 }
 
 impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
-    /// A layer in lease mode over `store`.
+    /// A layer in lease mode over `store`. A claim whose lease ran out (its worker crashed) is
+    /// taken over by the next retry of the same request, which runs the work again: right when
+    /// the work passes the key downstream to a service that dedupes on it.
     pub fn leased(store: St) -> Self {
-        Self::with_mode(LeaseMode(store))
+        Self::with_mode(LeaseMode {
+            store,
+            take_over: true,
+        })
+    }
+
+    /// Never takes over a claim whose lease ran out: retries get `409` until a reconciler
+    /// has found out what happened and completed or released the record.
+    pub fn without_takeover(mut self) -> Self {
+        self.mode_mut().take_over = false;
+        self
     }
 }
 
@@ -213,7 +228,7 @@ impl<St: Store> Mode for LeaseMode<St> {
     type Store = St;
 
     fn store(&self) -> &St {
-        &self.0
+        &self.store
     }
 }
 
@@ -232,15 +247,17 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
         ResBody::Error: fmt::Display,
     {
-        let store = self.0;
+        let take_over = self.take_over;
+        let store = self.store;
         let policy = claim.policy.clone();
-        let new = NewClaim::new(
+        let mut new = NewClaim::new(
             claim.scope.clone(),
             claim.fingerprint,
             claim.token,
             claim.now,
             &policy,
         );
+        new.take_over_expired_lease = take_over;
         request.extensions_mut().insert(claim.scope.clone());
         match store.claim(&new).await {
             Ok(ClaimOutcome::Claimed) => {}

@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idem_core::{ManualClock, Policy, Timestamp};
+use idem_core::{Clock, ManualClock, Policy, Timestamp};
 use idem_store::{SqliteStore, SqliteTx};
 use idem_tower::{IdempotencyLayer, Outcome, Tx};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -93,6 +93,7 @@ struct App {
 enum Kind {
     Transaction,
     Lease,
+    LeaseWithoutTakeover,
 }
 
 async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
@@ -114,6 +115,12 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
         ),
         Kind::Lease => Router::new().route("/work", post(lease_handler)).layer(
             IdempotencyLayer::leased(store.clone())
+                .with_policy(policy)
+                .with_clock(clock.clone()),
+        ),
+        Kind::LeaseWithoutTakeover => Router::new().route("/work", post(lease_handler)).layer(
+            IdempotencyLayer::leased(store.clone())
+                .without_takeover()
                 .with_policy(policy)
                 .with_clock(clock.clone()),
         ),
@@ -435,4 +442,53 @@ async fn a_body_that_trickles_in_gets_408_not_a_hung_connection() {
     assert!(reply.contains("urn:idem:problem:body-timeout"), "{reply}");
     assert_eq!(app.calls(), 0);
     assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+}
+
+#[tokio::test]
+async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
+    use idem_store::{AdminStore, RecordFilter};
+    let app = start(Kind::LeaseWithoutTakeover, |_| {}).await;
+    let (status, _, _) = app
+        .send(Some("reconcile-key-1"), r#"{"status": 504}"#)
+        .await;
+    assert_eq!(status, 504);
+    app.clock.advance(Duration::from_secs(31));
+    let (status, headers, problem) = app
+        .send(Some("reconcile-key-1"), r#"{"status": 504}"#)
+        .await;
+    assert_eq!(status, 409);
+    assert!(headers.get("retry-after").is_some());
+    let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:outcome-unknown");
+    assert_eq!(app.calls(), 1, "the work is not run again");
+
+    // A reconciler learns the outcome and completes the record; the retry replays it.
+    let stale = app
+        .store
+        .list(&RecordFilter {
+            lease_expired_by: Some(app.clock.now()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(stale.len(), 1);
+    let outcome = idem_core::StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), "text/plain".into())],
+        body: b"reconciled".to_vec(),
+        body_omitted: false,
+    };
+    assert!(
+        app.store
+            .force_complete(&stale[0].scope, &outcome)
+            .await
+            .unwrap()
+    );
+    let (status, headers, body) = app
+        .send(Some("reconcile-key-1"), r#"{"status": 504}"#)
+        .await;
+    assert_eq!(status, 201);
+    assert!(replayed(&headers));
+    assert_eq!(&body[..], b"reconciled");
+    assert_eq!(app.calls(), 1);
 }
