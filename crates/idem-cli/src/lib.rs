@@ -16,7 +16,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod drill;
+pub mod fake_psp;
+pub mod keys;
+pub mod proxy;
 pub mod serve;
+pub mod simulate;
 
 /// idem: safe retries for payment and order APIs.
 #[derive(Debug, Parser)]
@@ -32,6 +37,17 @@ pub struct Cli {
 pub enum Command {
     /// Run the reference payments API behind the idempotency layer.
     Serve(serve::ServeArgs),
+    /// A fake payment provider for lease-mode payouts, with faults on demand.
+    FakePsp(fake_psp::FakePspArgs),
+    /// Inspect and act on idempotency keys: list, show, purge, complete.
+    Keys(keys::KeysArgs),
+    /// Put the idempotency contract in front of any HTTP API (a reverse proxy).
+    Proxy(proxy::ProxyArgs),
+    /// Check an HTTP API against the idempotency contract (SPEC §7) and report each check.
+    Drill(drill::DrillArgs),
+    /// Reproduce the ACK-loss experiment (SPEC §8) over real HTTP: double charges without
+    /// and with idempotency keys.
+    Simulate(simulate::SimulateArgs),
 }
 
 /// Runs a parsed command line; returns the process exit code.
@@ -42,6 +58,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             serve::run(args).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Proxy(args) => proxy::run(args).await,
+        Command::FakePsp(args) => fake_psp::run(args).await,
+        Command::Keys(args) => keys::run(args).await,
+        Command::Drill(args) => drill::run(args).await,
+        Command::Simulate(args) => simulate::run(args).await,
     }
 }
 

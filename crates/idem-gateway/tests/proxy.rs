@@ -507,15 +507,15 @@ struct RedisPrefix {
 impl Drop for RedisPrefix {
     fn drop(&mut self) {
         let pattern = format!("{}:*", self.prefix);
-        if let Ok(client) = ::redis::Client::open(redis_url()) {
-            if let Ok(mut conn) = client.get_connection() {
-                let keys: Vec<String> = ::redis::cmd("KEYS")
-                    .arg(&pattern)
-                    .query(&mut conn)
-                    .unwrap_or_default();
-                if !keys.is_empty() {
-                    let _: Result<(), _> = ::redis::cmd("DEL").arg(keys).query(&mut conn);
-                }
+        if let Ok(client) = ::redis::Client::open(redis_url())
+            && let Ok(mut conn) = client.get_connection()
+        {
+            let keys: Vec<String> = ::redis::cmd("KEYS")
+                .arg(&pattern)
+                .query(&mut conn)
+                .unwrap_or_default();
+            if !keys.is_empty() {
+                let _: Result<(), _> = ::redis::cmd("DEL").arg(keys).query(&mut conn);
             }
         }
     }

@@ -26,17 +26,33 @@ pub enum Error {
 
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
-        // Classified by kind, never by message.
-        match e {
-            sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => Error::Unavailable(Box::new(e)),
-            e => Error::Database(e),
+        if is_unavailable(&e) {
+            Error::Unavailable(Box::new(e))
+        } else {
+            Error::Database(e)
         }
     }
 }
 
 /// The store's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether a database error means the database cannot be reached (a lost or refused
+/// connection, no free connection, a server shutting down or starting up) rather than that it
+/// refused the statement. Callers answer the first with `503` and `Retry-After`, since a retry
+/// may succeed; classified by kind and SQLSTATE, never by message.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        // Class 08: connection exceptions; 53300: too many connections; 57P01-03: the server
+        // is shutting down, crashed, or cannot accept connections yet.
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "53300" | "57P01" | "57P02" | "57P03")
+        }),
+        _ => false,
+    }
+}

@@ -57,7 +57,7 @@ pub mod conformance;
 #[cfg(all(feature = "conformance", feature = "postgres"))]
 pub mod testing;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, is_unavailable};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStore, PgTx};
 #[cfg(feature = "redis")]

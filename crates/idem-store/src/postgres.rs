@@ -192,17 +192,7 @@ async fn migrate(pool: &PgPool) -> Result<()> {
 /// by kind, plus PostgreSQL's own answers for a server that refuses or drops the session
 /// (SQLSTATE class 08, too many connections, shutting down, starting up).
 fn is_connection_failure(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08") || matches!(&*code, "53300" | "57P01" | "57P02" | "57P03")
-        }),
-        _ => false,
-    }
+    crate::is_unavailable(e)
 }
 
 /// The store's error for a failed statement.

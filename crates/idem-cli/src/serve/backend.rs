@@ -4,7 +4,7 @@
 use std::future::Future;
 
 use anyhow::Context as _;
-use idem_store::{PgStore, PgTx, SqliteStore, SqliteTx, TransactionalStore};
+use idem_store::{AdminStore, PgStore, PgTx, SqliteStore, SqliteTx, TransactionalStore};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -20,8 +20,18 @@ pub(crate) struct Payment {
     pub(crate) created_at: i64,
 }
 
-/// A record store that also holds the service's payments.
-pub(crate) trait Backend: TransactionalStore {
+/// An invoice.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Invoice {
+    pub(crate) id: String,
+    pub(crate) number: i64,
+    pub(crate) amount: i64,
+    pub(crate) currency: String,
+    pub(crate) created_at: i64,
+}
+
+/// A record store that also holds the service's payments and invoices.
+pub(crate) trait Backend: TransactionalStore + AdminStore {
     /// Connects, applies the store's and the service's migrations.
     fn open_service(url: &str) -> impl Future<Output = anyhow::Result<Self>> + Send;
 
@@ -39,6 +49,14 @@ pub(crate) trait Backend: TransactionalStore {
         key: Option<&'a str>,
         retired_before: i64,
         payment: &'a Payment,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Takes the account's next invoice number and records `invoice` with it, in `tx`.
+    fn issue_invoice<'a>(
+        tx: &'a mut Self::Tx,
+        account: &'a str,
+        key: &'a str,
+        invoice: &'a mut Invoice,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
     /// The account's payment `id`, if it has one.
@@ -129,6 +147,36 @@ impl Backend for SqliteStore {
         .bind(&payment.status)
         .bind(&payment.reference)
         .bind(payment.created_at)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    async fn issue_invoice<'a>(
+        tx: &'a mut SqliteTx,
+        account: &'a str,
+        key: &'a str,
+        invoice: &'a mut Invoice,
+    ) -> Result<(), sqlx::Error> {
+        invoice.number = sqlx::query_scalar(
+            "INSERT INTO invoice_counters (account_id, last_number) VALUES (?1, 1)
+             ON CONFLICT (account_id) DO UPDATE SET last_number = last_number + 1
+             RETURNING last_number",
+        )
+        .bind(account)
+        .fetch_one(&mut **tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO invoices (id, account_id, number, amount, currency, idem_key, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )
+        .bind(&invoice.id)
+        .bind(account)
+        .bind(invoice.number)
+        .bind(invoice.amount)
+        .bind(&invoice.currency)
+        .bind(key)
+        .bind(invoice.created_at)
         .execute(&mut **tx)
         .await?;
         Ok(())
@@ -232,6 +280,39 @@ impl Backend for PgStore {
         Ok(())
     }
 
+    async fn issue_invoice<'a>(
+        tx: &'a mut PgTx,
+        account: &'a str,
+        key: &'a str,
+        invoice: &'a mut Invoice,
+    ) -> Result<(), sqlx::Error> {
+        // The counter row's lock orders concurrent invoices of one account; it is held until
+        // the request's transaction ends, so numbers are issued in commit order, without gaps.
+        invoice.number = sqlx::query_scalar(
+            "INSERT INTO invoice_counters AS c (account_id, last_number) VALUES ($1, 1)
+             ON CONFLICT (account_id) DO UPDATE SET last_number = c.last_number + 1
+             RETURNING last_number",
+        )
+        .bind(account)
+        .fetch_one(&mut **tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO invoices (id, account_id, number, amount, currency, idem_key, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6,
+                     to_timestamp($7 / 1000) + ($7 % 1000) * interval '1 millisecond')",
+        )
+        .bind(&invoice.id)
+        .bind(account)
+        .bind(invoice.number)
+        .bind(invoice.amount)
+        .bind(&invoice.currency)
+        .bind(key)
+        .bind(invoice.created_at)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
     async fn find_payment(&self, account: &str, id: &str) -> Result<Option<Payment>, sqlx::Error> {
         let row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "{PG_SELECT_PAYMENT} WHERE id = $1 AND account_id = $2"
@@ -255,7 +336,10 @@ impl Backend for PgStore {
     }
 
     async fn ping(&self) -> Result<(), sqlx::Error> {
-        sqlx::query("SELECT 1").execute(self.pool()).await.map(|_| ())
+        sqlx::query("SELECT 1")
+            .execute(self.pool())
+            .await
+            .map(|_| ())
     }
 }
 

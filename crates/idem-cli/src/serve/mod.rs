@@ -22,7 +22,12 @@ use tokio::net::TcpListener;
 
 mod auth;
 mod backend;
+mod invoices;
 mod payments;
+mod payouts;
+
+pub(crate) use backend::redact;
+pub use payouts::PausePoint;
 
 /// `idem serve` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -48,6 +53,20 @@ pub struct ServeArgs {
     /// experiments such as `idem simulate`; never in production.
     #[arg(long)]
     pub key_optional: bool,
+    /// The payment provider `POST /payouts` calls (see `idem fake-psp`). Without one, a fake
+    /// provider runs inside the service.
+    #[arg(long)]
+    pub psp_url: Option<String>,
+    /// How long the provider may take, in seconds.
+    #[arg(long, default_value_t = 10)]
+    pub psp_timeout_secs: u64,
+    /// How long a payout's claim holds without renewal, in seconds; a crashed worker's payouts
+    /// are reconciled this long after it stopped renewing.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub lease_secs: u64,
+    /// Freeze every payout at this point (for crash tests).
+    #[arg(long, hide = true)]
+    pub fault_pause: Option<PausePoint>,
 }
 
 fn parse_token(s: &str) -> Result<(String, String), String> {
@@ -70,6 +89,14 @@ pub struct ServeConfig {
     pub policy: Policy,
     /// The clock (tests move it).
     pub clock: Arc<dyn Clock>,
+    /// The payment provider's base URL; `None` runs a fake one in-process.
+    pub psp_url: Option<String>,
+    /// How long the provider may take.
+    pub psp_timeout: Duration,
+    /// Where payouts freeze, for crash tests.
+    pub fault_pause: Option<PausePoint>,
+    /// How often stale payouts are reconciled (default: half the lease).
+    pub reconcile_every: Option<Duration>,
 }
 
 /// The sandbox tokens registered when none are given.
@@ -87,6 +114,10 @@ impl ServeConfig {
                 .collect(),
             policy: Policy::default(),
             clock: Arc::new(SystemClock),
+            psp_url: None,
+            psp_timeout: Duration::from_secs(10),
+            fault_pause: None,
+            reconcile_every: None,
         }
     }
 
@@ -102,6 +133,10 @@ impl ServeConfig {
         config.policy.retention = Duration::from_secs(args.retention_secs);
         config.policy.in_flight_wait = Duration::from_secs(args.in_flight_wait_secs);
         config.policy.require_key = !args.key_optional;
+        config.policy.lease = Duration::from_secs(args.lease_secs);
+        config.psp_url = args.psp_url.clone();
+        config.psp_timeout = Duration::from_secs(args.psp_timeout_secs);
+        config.fault_pause = args.fault_pause;
         config
     }
 }
@@ -152,11 +187,24 @@ async fn serve_on<B: Backend>(
     config: &ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let psp_url = match &config.psp_url {
+        Some(url) => url.clone(),
+        None => {
+            // A newcomer's `idem serve` pays out through a fake provider of its own.
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let url = format!("http://{}", listener.local_addr()?);
+            let psp = crate::fake_psp::FakePsp::default();
+            tokio::spawn(async move { axum::serve(listener, psp.router()).await });
+            tracing::info!(%url, "payouts go to a fake payment provider inside the service");
+            url
+        }
+    };
     let app = App {
         store,
         policy: Arc::new(config.policy.clone()),
         clock: config.clock.clone(),
         metrics: metrics_handle(),
+        provider: payouts::Provider::new(psp_url, config.psp_timeout, config.fault_pause),
     };
     let addr = listener.local_addr()?;
     tracing::info!(%addr, database = %backend::redact(&config.database), "idem serve listening");
@@ -178,12 +226,35 @@ async fn serve_on<B: Backend>(
         })
     };
 
+    // The reconciler: resolves payouts whose worker died, by asking the provider.
+    let reconciler = {
+        let (store, provider, clock) = (
+            app.store.clone(),
+            app.provider.clone(),
+            config.clock.clone(),
+        );
+        let every = config
+            .reconcile_every
+            .unwrap_or(config.policy.lease / 2)
+            .max(Duration::from_millis(100));
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            loop {
+                ticks.tick().await;
+                if let Err(e) = payouts::reconcile(&store, &provider, clock.as_ref()).await {
+                    tracing::warn!(error = %e, "reconciling payouts failed");
+                }
+            }
+        })
+    };
+
     let router = app.router(config);
     let result = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
         .context("the server failed");
     sweeper.abort();
+    reconciler.abort();
     result
 }
 
@@ -194,6 +265,7 @@ pub(crate) struct App<B> {
     pub(crate) policy: Arc<Policy>,
     pub(crate) clock: Arc<dyn Clock>,
     metrics: PrometheusHandle,
+    pub(crate) provider: payouts::Provider,
 }
 
 impl<B: Backend> App<B> {
@@ -201,16 +273,28 @@ impl<B: Backend> App<B> {
         let idempotency = IdempotencyLayer::transactional(self.store.clone())
             .with_policy(config.policy.clone())
             .with_clock(ClockRef(config.clock.clone()));
+        // Payouts call the provider: lease mode, and a crashed worker's payout is reconciled
+        // with the provider rather than run again.
+        let leased = IdempotencyLayer::leased(self.store.clone())
+            .without_takeover()
+            .with_policy(config.policy.clone())
+            .with_clock(ClockRef(config.clock.clone()));
         let tokens = Arc::new(config.tokens.clone());
-        let api = Router::new()
+        let transactional = Router::new()
             .route(
                 "/payments",
                 axum::routing::post(payments::create::<B>).get(payments::list::<B>),
             )
             .route("/payments/{id}", get(payments::show::<B>))
-            // The layer covers POST and PATCH; authentication runs before it, so the account
-            // is known when the key is scoped.
-            .layer(idempotency)
+            .route("/invoices", axum::routing::post(invoices::create::<B>))
+            .layer(idempotency);
+        let leased = Router::new()
+            .route("/payouts", axum::routing::post(payouts::create::<B>))
+            .layer(leased);
+        // The layers cover POST and PATCH; authentication runs before them, so the account is
+        // known when the key is scoped.
+        let api = transactional
+            .merge(leased)
             .layer(axum::middleware::from_fn_with_state(
                 tokens,
                 auth::authenticate,
@@ -274,7 +358,8 @@ async fn policy<B: Backend>(State(app): State<App<B>>) -> Response {
     axum::Json(app.policy.published("transaction")).into_response()
 }
 
-async fn shutdown_signal() {
+/// Completes on Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -27,7 +27,7 @@ pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str)
         .into_response()
 }
 
-fn invalid(detail: &str) -> Response {
+pub(crate) fn invalid(detail: &str) -> Response {
     problem(
         StatusCode::BAD_REQUEST,
         "validation",
@@ -37,15 +37,15 @@ fn invalid(detail: &str) -> Response {
 }
 
 /// A validated payment request.
-struct NewPayment {
-    amount: i64,
-    currency: String,
-    reference: Option<String>,
+pub(crate) struct NewPayment {
+    pub(crate) amount: i64,
+    pub(crate) currency: String,
+    pub(crate) reference: Option<String>,
 }
 
 /// Validates `{"amount": <positive integer>, "currency": "<3 capital letters>"}` with an
 /// optional `"reference"` string of at most 255 bytes.
-fn parse_request(body: &[u8]) -> Result<NewPayment, String> {
+pub(crate) fn parse_request(body: &[u8]) -> Result<NewPayment, String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
     let amount = value
@@ -118,6 +118,9 @@ pub(crate) async fn create<B: Backend>(
             .as_database_error()
             .is_some_and(|d| d.is_unique_violation());
         tracing::error!(error = %e, safety_net, "inserting a payment failed");
+        if idem_store::is_unavailable(&e) {
+            return database_error(e);
+        }
         return problem(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
@@ -133,14 +136,19 @@ pub(crate) async fn create<B: Backend>(
         .into_response()
 }
 
-fn database_error(e: sqlx::Error) -> Response {
-    tracing::error!(error = %e, "reading payments failed");
-    problem(
+/// `503` with `Retry-After`: the database could not be reached; nothing was done.
+pub(crate) fn database_error(e: sqlx::Error) -> Response {
+    tracing::error!(error = %e, "the database failed");
+    let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
         "store-unavailable",
         "The database is unavailable",
-        "retry later",
-    )
+        "nothing was done; retry later",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    response
 }
 
 /// `GET /payments/{id}`: only the owning account sees a payment; others get `404`.

@@ -1,0 +1,330 @@
+//! `idem drill`: checks any HTTP API against the idempotency contract (SPEC §7) from the
+//! outside and reports each check as PASS, FAIL or SKIP with what it saw.
+//!
+//! The drill is a client like any other: it sends real requests with fresh UUID v4 keys (so
+//! it can run again and again against the same API), through [`idem_client`] wherever a retry
+//! is part of what is checked. It creates real resources, a handful per run: point it at a
+//! sandbox.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use idem_cli::drill::{Drill, DrillConfig};
+//! let url = "http://127.0.0.1:8080/payments".parse()?;
+//! let config = DrillConfig::new(url, "sk_test_alice", "sk_test_bob");
+//! let report = Drill::new(config)?.run().await?;
+//! print!("{}", report.table());
+//! # Ok(()) }
+//! ```
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use idem_client::{Client, RetryBudget, RetryPolicy, Sleeper, TokioSleeper};
+use reqwest::Url;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
+
+mod body;
+mod checks;
+mod report;
+
+pub use report::{Check, Report, Status};
+
+/// The body `--body` defaults to: the reference service's payment.
+pub const DEFAULT_BODY: &str = r#"{"amount": 49900, "currency": "INR"}"#;
+
+const AFTER_HELP: &str = "\
+Checks (SPEC §7):
+  concurrent      --concurrency identical requests at once with one key: one resource, the
+                  same status and id for all, all but one marked Idempotent-Replayed: true
+                  (a 409 for a key in use is retried, as a client would)
+  replay          the same request again: the same status and bytes, marked replayed
+  reordered-body  the same JSON members in another order: a replay of the same resource
+  body-mismatch   the same key with a changed body: 422, and the key still replays the first
+  account-scope   the same key and body from account B: a separate resource, not a replay
+  missing-key     no key: 400 (skipped if the policy publishes key_required: false)
+  malformed-key   empty, too short, too long, a space, non-ASCII, a list, two fields: 400 each
+  get-with-key    GET <url>/<id> with no key, a key twice and a malformed key: the same
+                  answer each time, never marked replayed
+  expiry          if <origin>/idempotency-policy publishes retention_seconds of at most
+                  --max-wait, the drill waits it out (plus a second): the key then makes a
+                  new resource
+
+Each run uses fresh keys and creates a few real resources: point it at a sandbox.
+
+A SKIP means the check could not run against this API (the detail says why); it is reported
+and not counted as passed, and it does not fail the run.
+
+Exit status: 0 when no check failed, 1 when any check failed, 2 when the drill could not
+start (bad arguments, the API unreachable, token A refused).";
+
+/// `idem drill` flags.
+#[derive(Debug, Clone, clap::Args)]
+#[command(after_help = AFTER_HELP)]
+pub struct DrillArgs {
+    /// The POST endpoint that creates a resource, such as http://127.0.0.1:8080/payments.
+    #[arg(long, value_parser = parse_url)]
+    pub url: Url,
+    /// Account A's API token, sent as `Authorization: Bearer <token>`.
+    #[arg(long, env = "IDEM_DRILL_TOKEN_A", hide_env_values = true)]
+    pub token_a: String,
+    /// Account B's API token, for the check that keys are scoped to the account.
+    #[arg(long, env = "IDEM_DRILL_TOKEN_B", hide_env_values = true)]
+    pub token_b: String,
+    /// The request body every POST sends (as JSON unless a --header sets Content-Type).
+    #[arg(long, default_value = DEFAULT_BODY)]
+    pub body: String,
+    /// How many identical requests the first check sends at once.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(2..=1000))]
+    pub concurrency: u16,
+    /// An extra header for every request, `NAME:VALUE`; repeatable.
+    #[arg(long = "header", value_name = "NAME:VALUE", value_parser = parse_header)]
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// Where the created resource's id is in the JSON answer; a dotted path such as `data.id`.
+    #[arg(long, default_value = "id")]
+    pub id_field: String,
+    /// The longest published retention, in seconds, the expiry check will wait out.
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    pub max_wait: u64,
+    /// How long one request may take, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_url(s: &str) -> Result<Url, String> {
+    let url = Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    check_scheme(&url)?;
+    Ok(url)
+}
+
+fn check_scheme(url: &Url) -> Result<(), String> {
+    match url.scheme() {
+        "http" => Ok(()),
+        // The workspace builds reqwest without a TLS backend; saying so beats a confusing
+        // connection error on the first request.
+        "https" => Err(
+            "https needs TLS, which this build of idem does not include: \
+             drill the API over plain http (a sandbox, or a local port-forward)"
+                .into(),
+        ),
+        other => Err(format!("expected an http URL, not {other}:")),
+    }
+}
+
+fn parse_header(s: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (name, value) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected NAME:VALUE, got {s:?}"))?;
+    let name = HeaderName::try_from(name.trim()).map_err(|e| format!("header name: {e}"))?;
+    let value = HeaderValue::try_from(value.trim()).map_err(|e| format!("header value: {e}"))?;
+    Ok((name, value))
+}
+
+/// What to drill and how, validated by [`Drill::new`].
+#[derive(Debug, Clone)]
+pub struct DrillConfig {
+    /// The POST endpoint.
+    pub url: Url,
+    /// Account A's bearer token.
+    pub token_a: String,
+    /// Account B's bearer token.
+    pub token_b: String,
+    /// The body every POST sends.
+    pub body: String,
+    /// Identical requests sent at once by the first check (at least 2).
+    pub concurrency: usize,
+    /// Extra headers for every request (never `Authorization` or `Idempotency-Key`).
+    pub headers: HeaderMap,
+    /// Dotted path to the resource id in a JSON answer.
+    pub id_field: String,
+    /// The longest retention the expiry check waits out.
+    pub max_wait: Duration,
+    /// How long one request may take.
+    pub timeout: Duration,
+}
+
+impl DrillConfig {
+    /// The defaults: [`DEFAULT_BODY`], 3 at once, `id`, 5 s of waiting, a 10 s timeout.
+    pub fn new(url: Url, token_a: impl Into<String>, token_b: impl Into<String>) -> Self {
+        Self {
+            url,
+            token_a: token_a.into(),
+            token_b: token_b.into(),
+            body: DEFAULT_BODY.to_owned(),
+            concurrency: 3,
+            headers: HeaderMap::new(),
+            id_field: "id".to_owned(),
+            max_wait: Duration::from_secs(5),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// The settings `args` ask for.
+    pub fn from_args(args: &DrillArgs) -> Self {
+        Self {
+            url: args.url.clone(),
+            token_a: args.token_a.clone(),
+            token_b: args.token_b.clone(),
+            body: args.body.clone(),
+            concurrency: usize::from(args.concurrency),
+            headers: args.headers.iter().cloned().collect(),
+            id_field: args.id_field.clone(),
+            max_wait: Duration::from_secs(args.max_wait),
+            timeout: Duration::from_secs(args.timeout),
+        }
+    }
+}
+
+/// A drill ready to run against one API.
+#[derive(Debug)]
+pub struct Drill {
+    config: DrillConfig,
+    auth_a: HeaderValue,
+    auth_b: HeaderValue,
+    /// For requests whose retries are part of the check: every POST with a valid key.
+    client: Client,
+    /// For requests whose first answer is the point (no key, a malformed key, GETs), where a
+    /// retry would hide what the API did, or duplicate an unkeyed POST.
+    once: Client,
+    /// Waits out the published retention in the expiry check.
+    sleeper: Arc<dyn Sleeper>,
+}
+
+impl Drill {
+    /// Validates `config`: an http URL, tokens usable in a header, no header the drill sets
+    /// itself, at least two concurrent requests.
+    pub fn new(config: DrillConfig) -> anyhow::Result<Self> {
+        check_scheme(&config.url).map_err(anyhow::Error::msg)?;
+        let auth_a = bearer(&config.token_a).context("--token-a")?;
+        let auth_b = bearer(&config.token_b).context("--token-b")?;
+        for name in [AUTHORIZATION.as_str(), "idempotency-key"] {
+            if config.headers.contains_key(name) {
+                bail!("--header {name} is set by the drill itself; it cannot be given");
+            }
+        }
+        if config.token_a == config.token_b {
+            bail!("--token-a and --token-b must be two accounts' tokens, not the same one");
+        }
+        if config.concurrency < 2 {
+            bail!("--concurrency must be at least 2 for concurrent copies to meet");
+        }
+        let http = reqwest::Client::builder()
+            // The drill judges the answer the API gives, not where a redirect leads.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .context("cannot build the HTTP client")?;
+        let retrying = RetryPolicy {
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(2),
+            max_attempts: 5,
+            attempt_timeout: config.timeout,
+            max_retry_after: Duration::from_secs(10),
+        };
+        let client = Client::new()
+            .with_http_client(http.clone())
+            .with_policy(retrying.clone())
+            // A handful of intents: the attempt limit is the bound that matters.
+            .with_budget(RetryBudget::unlimited());
+        let once = Client::new()
+            .with_http_client(http)
+            .with_policy(RetryPolicy {
+                max_attempts: 1,
+                ..retrying
+            });
+        Ok(Self {
+            config,
+            auth_a,
+            auth_b,
+            client,
+            once,
+            sleeper: Arc::new(TokioSleeper),
+        })
+    }
+
+    /// Waits out the retention with `sleeper` instead of Tokio's timer; a test's sleeper can
+    /// move the server's clock instead of sitting through the wait.
+    pub fn with_sleeper(mut self, sleeper: impl Sleeper) -> Self {
+        self.sleeper = Arc::new(sleeper);
+        self
+    }
+}
+
+fn bearer(token: &str) -> anyhow::Result<HeaderValue> {
+    let mut value = HeaderValue::try_from(format!("Bearer {token}"))
+        .context("the token cannot be sent in a header")?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// Runs `idem drill`, prints the report, and returns 0 when no check failed, 1 otherwise.
+/// An error (exit 2) means no check could run.
+pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
+    let json = args.json;
+    let report = Drill::new(DrillConfig::from_args(&args))?.run().await?;
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(report.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url() -> Url {
+        "http://127.0.0.1:1/payments".parse().unwrap()
+    }
+
+    #[test]
+    fn headers_parse_as_name_colon_value() {
+        let (name, value) = parse_header("X-Tenant: acme:eu").unwrap();
+        assert_eq!(
+            (name.as_str(), value.to_str().unwrap()),
+            ("x-tenant", "acme:eu")
+        );
+        assert!(parse_header("no colon").is_err());
+        assert!(parse_header("bad name: x").is_err());
+    }
+
+    #[test]
+    fn only_http_urls_are_drilled() {
+        assert!(parse_url("http://localhost:8080/payments").is_ok());
+        assert!(
+            parse_url("https://api.example/payments")
+                .unwrap_err()
+                .contains("TLS")
+        );
+        assert!(parse_url("ftp://x/y").is_err());
+        assert!(parse_url("/payments").is_err());
+    }
+
+    #[test]
+    fn the_drill_refuses_headers_it_sets_itself() {
+        for name in ["authorization", "idempotency-key"] {
+            let mut config = DrillConfig::new(url(), "a", "b");
+            config
+                .headers
+                .insert(HeaderName::from_static(name), HeaderValue::from_static("x"));
+            let err = Drill::new(config).unwrap_err().to_string();
+            assert!(err.contains(name), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_two_tokens_must_differ() {
+        let err = Drill::new(DrillConfig::new(url(), "a", "a")).unwrap_err();
+        assert!(err.to_string().contains("two accounts"), "{err}");
+    }
+
+    #[test]
+    fn a_token_must_fit_in_a_header() {
+        let err = Drill::new(DrillConfig::new(url(), "a\nb", "b")).unwrap_err();
+        assert!(format!("{err:#}").contains("--token-a"), "{err:#}");
+    }
+}

@@ -1,0 +1,234 @@
+//! `idem fake-psp`: a small payment provider to call from lease mode, with its own
+//! `Idempotency-Key`, a lookup by key, a charge counter, and faults on demand.
+//!
+//! - `POST /charges` `{"amount": 100, "currency": "EUR"}` with `Idempotency-Key`: charges once
+//!   per key (a repeat answers the same charge; a different body with the key is `422`).
+//! - `GET /charges/{key}`: the charge made with that key, or `404`.
+//! - `GET /stats`: `{"charges": N, "requests": M}`.
+//! - `POST /faults` `{"delay_ms": 0, "fail_next": 0, "drop_next": 0, "decline_next": 0}`:
+//!   answer after a delay; fail the next N requests with `500` before charging; charge the next
+//!   N and then cut the connection instead of answering; decline the next N with `402`.
+//!
+//! A charge, once started, completes even when the caller hangs up, as a real provider's would.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Mutex, Notify};
+
+/// `idem fake-psp` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FakePspArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub listen: SocketAddr,
+}
+
+/// A charge the provider made.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Charge {
+    /// `ch_<n>`.
+    pub id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// Currency code.
+    pub currency: String,
+    /// `succeeded`.
+    pub status: String,
+}
+
+/// Faults the next requests suffer.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Faults {
+    /// Wait this long before charging.
+    pub delay_ms: u64,
+    /// Answer this many requests with 500, charging nothing.
+    pub fail_next: u32,
+    /// Charge this many, then cut the connection without answering.
+    pub drop_next: u32,
+    /// Decline this many with 402, charging nothing.
+    pub decline_next: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    body: Bytes,
+    charge: Charge,
+}
+
+/// The provider's state, shared with tests that run it in-process.
+#[derive(Debug, Clone, Default)]
+pub struct FakePsp {
+    charges: Arc<Mutex<HashMap<String, Entry>>>,
+    faults: Arc<Mutex<Faults>>,
+    requests: Arc<AtomicU64>,
+    next_id: Arc<AtomicU64>,
+    /// Wakes whoever waits for a charge request to arrive.
+    pub arrived: Arc<Notify>,
+}
+
+impl FakePsp {
+    /// The provider's routes.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/charges", post(charge))
+            .route("/charges/{key}", get(lookup))
+            .route("/stats", get(stats))
+            .route("/faults", post(set_faults))
+            .with_state(self.clone())
+    }
+
+    /// How many charges were made.
+    pub async fn charges(&self) -> usize {
+        self.charges.lock().await.len()
+    }
+
+    /// Sets the faults.
+    pub async fn set_faults(&self, faults: Faults) {
+        *self.faults.lock().await = faults;
+    }
+}
+
+async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> Response {
+    psp.requests.fetch_add(1, Ordering::SeqCst);
+    psp.arrived.notify_waiters();
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    else {
+        return (StatusCode::BAD_REQUEST, "Idempotency-Key required").into_response();
+    };
+    #[derive(Deserialize)]
+    struct Request {
+        amount: i64,
+        currency: String,
+    }
+    let Ok(request) = serde_json::from_slice::<Request>(&body) else {
+        return (StatusCode::BAD_REQUEST, "invalid body").into_response();
+    };
+    // The work runs in its own task: a caller that hangs up does not stop a charge.
+    let work = tokio::spawn(async move {
+        // Each request takes at most one fault, in this order.
+        let (delay, fault) = {
+            let mut faults = psp.faults.lock().await;
+            let fault = if faults.fail_next > 0 {
+                faults.fail_next -= 1;
+                Some(StatusCode::INTERNAL_SERVER_ERROR)
+            } else if faults.decline_next > 0 {
+                faults.decline_next -= 1;
+                Some(StatusCode::PAYMENT_REQUIRED)
+            } else {
+                None
+            };
+            (Duration::from_millis(faults.delay_ms), fault)
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(status) = fault {
+            return Err(status);
+        }
+        let mut charges = psp.charges.lock().await;
+        if let Some(existing) = charges.get(&key) {
+            return if existing.body == body {
+                Ok((existing.charge.clone(), true, false))
+            } else {
+                Err(StatusCode::UNPROCESSABLE_ENTITY)
+            };
+        }
+        let drop_answer = {
+            let mut faults = psp.faults.lock().await;
+            let drop = faults.drop_next > 0;
+            faults.drop_next = faults.drop_next.saturating_sub(1);
+            drop
+        };
+        let n = psp.next_id.fetch_add(1, Ordering::SeqCst) + 1;
+        let charge = Charge {
+            id: format!("ch_{n}"),
+            amount: request.amount,
+            currency: request.currency,
+            status: "succeeded".into(),
+        };
+        charges.insert(
+            key,
+            Entry {
+                body,
+                charge: charge.clone(),
+            },
+        );
+        Ok((charge, false, drop_answer))
+    });
+    match work.await {
+        Ok(Ok((_, _, true))) => {
+            // Charged; now lose the answer: the body fails, so the connection is cut.
+            let failing = futures_util::stream::once(async {
+                Err::<Bytes, _>(std::io::Error::other("answer dropped by fault injection"))
+            });
+            (StatusCode::OK, Body::from_stream(failing)).into_response()
+        }
+        Ok(Ok((charge, replayed, false))) => {
+            let status = if replayed {
+                StatusCode::OK
+            } else {
+                StatusCode::CREATED
+            };
+            (status, Json(charge)).into_response()
+        }
+        Ok(Err(StatusCode::PAYMENT_REQUIRED)) => (
+            StatusCode::PAYMENT_REQUIRED,
+            Json(serde_json::json!({"error": "card_declined"})),
+        )
+            .into_response(),
+        Ok(Err(status)) => (status, "charge failed").into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn lookup(State(psp): State<FakePsp>, Path(key): Path<String>) -> Response {
+    match psp.charges.lock().await.get(&key) {
+        Some(entry) => Json(entry.charge.clone()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn stats(State(psp): State<FakePsp>) -> Response {
+    Json(serde_json::json!({
+        "charges": psp.charges.lock().await.len(),
+        "requests": psp.requests.load(Ordering::SeqCst),
+    }))
+    .into_response()
+}
+
+async fn set_faults(State(psp): State<FakePsp>, Json(faults): Json<Faults>) -> Response {
+    psp.set_faults(faults).await;
+    StatusCode::NO_CONTENT.into_response()
+}
+
+/// Runs `idem fake-psp` until Ctrl-C or SIGTERM.
+pub async fn run(args: FakePspArgs) -> anyhow::Result<ExitCode> {
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    println!(
+        "idem fake-psp: listening on http://{}",
+        listener.local_addr()?
+    );
+    axum::serve(listener, FakePsp::default().router())
+        .with_graceful_shutdown(crate::serve::shutdown_signal())
+        .await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,259 @@
+//! `idem keys`: operators see each key's state, age, lease, fingerprint and outcome, and can
+//! act on one.
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use idem_core::{
+    AccountId, Clock, IdempotencyKey, KeyLimits, Record, RecordState, Scope, StoredResponse,
+    SystemClock, Timestamp,
+};
+use idem_store::{AdminStore, PgStore, RecordFilter, SqliteStore};
+
+use crate::serve::redact;
+
+/// `idem keys` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KeysArgs {
+    /// The database `idem serve` uses: `sqlite://PATH` or `postgres://…`.
+    #[arg(long, default_value = "sqlite://idem.db")]
+    pub database: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub action: KeysAction,
+}
+
+/// What `idem keys` does.
+#[derive(Debug, Clone, Subcommand)]
+pub enum KeysAction {
+    /// List keys, newest first.
+    List {
+        /// Only this account's keys.
+        #[arg(long)]
+        account: Option<String>,
+        /// Only keys still in progress (stuck ones have a lease in the past).
+        #[arg(long, conflicts_with = "completed")]
+        in_progress: bool,
+        /// Only completed keys.
+        #[arg(long)]
+        completed: bool,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Show one key; the stored body only with --body.
+    Show {
+        /// The account.
+        account: String,
+        /// The key.
+        key: String,
+        /// Print the stored response body too.
+        #[arg(long)]
+        body: bool,
+    },
+    /// Delete one key's record: its next request runs afresh.
+    Purge {
+        /// The account.
+        account: String,
+        /// The key.
+        key: String,
+    },
+    /// Complete an in-progress key with a known outcome, which its retries then replay.
+    Complete {
+        /// The account.
+        account: String,
+        /// The key.
+        key: String,
+        /// The status to replay.
+        #[arg(long)]
+        status: u16,
+        /// The JSON body to replay.
+        #[arg(long, default_value = "")]
+        body: String,
+    },
+}
+
+/// Runs `idem keys`.
+pub async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
+    let url = args.database.as_str();
+    if url.starts_with("sqlite:") {
+        let store = SqliteStore::connect(url)
+            .await
+            .with_context(|| format!("cannot open {url}"))?;
+        act(&store, args.action).await
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        let store = PgStore::connect(url)
+            .await
+            .with_context(|| format!("cannot open {}", redact(url)))?;
+        act(&store, args.action).await
+    } else {
+        anyhow::bail!("unsupported database URL {:?}", redact(url))
+    }
+}
+
+fn scope(account: &str, key: &str) -> anyhow::Result<Scope> {
+    let limits = KeyLimits {
+        min_len: 1,
+        max_len: usize::MAX,
+    };
+    let key = IdempotencyKey::new(key, limits).context("not a valid key")?;
+    Ok(Scope::new(AccountId::new(account), key))
+}
+
+async fn act<S: AdminStore>(store: &S, action: KeysAction) -> anyhow::Result<ExitCode> {
+    let now = SystemClock.now();
+    match action {
+        KeysAction::List {
+            account,
+            in_progress,
+            completed,
+            limit,
+        } => {
+            let filter = RecordFilter {
+                account: account.map(AccountId::new),
+                in_progress: match (in_progress, completed) {
+                    (true, _) => Some(true),
+                    (_, true) => Some(false),
+                    _ => None,
+                },
+                lease_expired_by: None,
+                limit,
+            };
+            let records = store.list(&filter).await?;
+            println!(
+                "{:<20} {:<36} {:<12} {:>8} {:<14} {:<16} OUTCOME",
+                "ACCOUNT", "KEY", "STATE", "AGE", "LEASE", "FINGERPRINT"
+            );
+            for record in &records {
+                let (state, lease, outcome) = describe(record, now);
+                println!(
+                    "{:<20} {:<36} {:<12} {:>8} {:<14} {:<16} {}",
+                    record.scope.account.as_str(),
+                    record.scope.key.as_str(),
+                    state,
+                    age(now, record.created_at),
+                    lease,
+                    &record.fingerprint.to_string()[..16],
+                    outcome
+                );
+            }
+            println!("{} keys", records.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        KeysAction::Show { account, key, body } => {
+            let scope = scope(&account, &key)?;
+            let Some(record) = store.get(&scope).await? else {
+                eprintln!("no record for key {key:?} of account {account:?}");
+                return Ok(ExitCode::from(1));
+            };
+            let (state, lease, outcome) = describe(&record, now);
+            println!("account      {}", record.scope.account.as_str());
+            println!("key          {}", record.scope.key.as_str());
+            println!("state        {state}");
+            println!("age          {}", age(now, record.created_at));
+            println!("expires in   {}", age(now, record.expires_at));
+            println!("lease        {lease}");
+            println!("fingerprint  {}", record.fingerprint);
+            println!("outcome      {outcome}");
+            if let RecordState::Completed(response) = &record.state {
+                for (name, value) in &response.headers {
+                    println!("header       {name}: {value}");
+                }
+                if body {
+                    println!("body         {}", String::from_utf8_lossy(&response.body));
+                } else {
+                    println!(
+                        "body         ({} bytes; --body to show)",
+                        response.body.len()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        KeysAction::Purge { account, key } => {
+            if store.purge(&scope(&account, &key)?).await? {
+                println!("purged key {key:?} of account {account:?}");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("no record for key {key:?} of account {account:?}");
+                Ok(ExitCode::from(1))
+            }
+        }
+        KeysAction::Complete {
+            account,
+            key,
+            status,
+            body,
+        } => {
+            anyhow::ensure!(
+                (100..600).contains(&status),
+                "--status must be an HTTP status"
+            );
+            let response = StoredResponse {
+                status,
+                headers: if body.is_empty() {
+                    vec![]
+                } else {
+                    vec![("content-type".into(), "application/json".into())]
+                },
+                body: body.into_bytes(),
+                body_omitted: false,
+            };
+            if store
+                .force_complete(&scope(&account, &key)?, &response)
+                .await?
+            {
+                println!("completed key {key:?} of account {account:?} with {status}");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!("key {key:?} of account {account:?} is not in progress");
+                Ok(ExitCode::from(1))
+            }
+        }
+    }
+}
+
+fn describe(record: &Record, now: Timestamp) -> (&'static str, String, String) {
+    match &record.state {
+        RecordState::InProgress { lease_until, token } => {
+            let lease = if *lease_until > now {
+                format!("{} left", age(now, *lease_until).trim_start_matches('-'))
+            } else {
+                format!("ran out {} ago", age(*lease_until, now))
+            };
+            let state = if *lease_until > now {
+                "in_progress"
+            } else {
+                "stale"
+            };
+            (state, lease, format!("unknown (token {})", token.0))
+        }
+        RecordState::Completed(response) => (
+            "completed",
+            "-".into(),
+            format!(
+                "{}{}",
+                response.status,
+                if response.body_omitted {
+                    " (body omitted)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+    }
+}
+
+/// A short human duration from `from` to `to`.
+fn age(from: Timestamp, to: Timestamp) -> String {
+    let secs = (to.0 - from.0) / 1000;
+    let sign = if secs < 0 { "-" } else { "" };
+    let secs = secs.abs();
+    match secs {
+        0..60 => format!("{sign}{secs}s"),
+        60..3600 => format!("{sign}{}m{}s", secs / 60, secs % 60),
+        3600..86400 => format!("{sign}{}h{}m", secs / 3600, secs % 3600 / 60),
+        _ => format!("{sign}{}d{}h", secs / 86400, secs % 86400 / 3600),
+    }
+}

@@ -1,0 +1,144 @@
+//! `idem proxy`: the idempotency gateway in front of any HTTP API.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use http::{HeaderName, Uri};
+use idem_gateway::{GatewayConfig, KeyForwarding, Secret, UnknownOutcome};
+use idem_store::{PgStore, RedisStore, SqliteStore, Store};
+use tokio::net::TcpListener;
+
+use crate::serve::{redact, shutdown_signal};
+
+/// `idem proxy` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub listen: std::net::SocketAddr,
+    /// The API to protect, e.g. `http://127.0.0.1:3000`.
+    #[arg(long)]
+    pub upstream: Uri,
+    /// Where records live: `sqlite://PATH`, `postgres://…` or `redis://HOST:PORT`.
+    #[arg(long, default_value = "sqlite://idem-proxy.db")]
+    pub store: String,
+    /// Key prefix in Redis (several gateways may share one Redis with different prefixes).
+    #[arg(long, default_value = "idem")]
+    pub redis_prefix: String,
+    /// The server secret that scopes keys (HMAC key); also read from IDEM_PROXY_SECRET.
+    #[arg(long, env = "IDEM_PROXY_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
+    /// Where the secret is kept when not given: read if it exists, generated on first start.
+    #[arg(long, default_value = "idem-proxy.secret")]
+    pub secret_file: PathBuf,
+    /// The request header that identifies the caller.
+    #[arg(long, default_value = "authorization")]
+    pub credential_header: HeaderName,
+    /// Refuse requests without the credential header with 401 (default: they share one
+    /// anonymous scope).
+    #[arg(long)]
+    pub require_auth: bool,
+    /// Pass POST/PATCH requests without an Idempotency-Key through untouched (default: 400).
+    #[arg(long)]
+    pub key_optional: bool,
+    /// What the upstream receives as Idempotency-Key: `as-sent`, `derived` (an HMAC per
+    /// account and key) or `none`.
+    #[arg(long, default_value = "as-sent", value_parser = parse_forwarding)]
+    pub forward_key: KeyForwarding,
+    /// What an upstream 5xx does to the key: `store` (replay it, as Stripe does), `keep` (in
+    /// progress until the lease ends) or `release` (the next retry goes upstream at once).
+    #[arg(long, default_value = "store", value_parser = parse_outcome)]
+    pub on_5xx: UnknownOutcome,
+    /// What a timeout after the request was sent does to the key: `keep` (default), `store`
+    /// or `release`.
+    #[arg(long, default_value = "keep", value_parser = parse_outcome)]
+    pub on_timeout: UnknownOutcome,
+    /// How long the upstream may take, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub upstream_timeout_secs: u64,
+    /// How long a key is remembered, in seconds.
+    #[arg(long, default_value_t = 24 * 60 * 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub retention_secs: u64,
+}
+
+fn parse_forwarding(s: &str) -> Result<KeyForwarding, String> {
+    match s {
+        "as-sent" => Ok(KeyForwarding::AsSent),
+        "derived" => Ok(KeyForwarding::Derived),
+        "none" => Ok(KeyForwarding::Drop),
+        _ => Err(format!("expected as-sent, derived or none, got {s:?}")),
+    }
+}
+
+fn parse_outcome(s: &str) -> Result<UnknownOutcome, String> {
+    match s {
+        "store" => Ok(UnknownOutcome::Store),
+        "keep" => Ok(UnknownOutcome::Keep),
+        "release" => Ok(UnknownOutcome::Release),
+        _ => Err(format!("expected store, keep or release, got {s:?}")),
+    }
+}
+
+/// Runs the gateway until Ctrl-C or SIGTERM.
+pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    let secret = match &args.secret {
+        Some(secret) => Secret::new(secret.as_bytes().to_vec()).context("--secret")?,
+        None => Secret::load_or_create(&args.secret_file)?,
+    };
+    let mut config = GatewayConfig::new(args.upstream.clone(), secret);
+    config.credential_header = args.credential_header.clone();
+    config.require_auth = args.require_auth;
+    config.policy.require_key = !args.key_optional;
+    config.policy.retention = Duration::from_secs(args.retention_secs);
+    config.forwarding = args.forward_key;
+    config.on_5xx = args.on_5xx;
+    config.on_timeout = args.on_timeout;
+    config.upstream_timeout = Duration::from_secs(args.upstream_timeout_secs);
+    config.clock = Arc::new(idem_core::SystemClock);
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    println!(
+        "idem proxy: listening on http://{} -> {} (store {})",
+        listener.local_addr()?,
+        args.upstream,
+        redact(&args.store)
+    );
+    let url = args.store.as_str();
+    if url.starts_with("sqlite:") {
+        let store = SqliteStore::connect(url)
+            .await
+            .with_context(|| format!("cannot open the store {url}"))?;
+        run_on(listener, store, config).await
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        let store = PgStore::connect(url)
+            .await
+            .with_context(|| format!("cannot open the store {}", redact(url)))?;
+        run_on(listener, store, config).await
+    } else if url.starts_with("redis:") || url.starts_with("rediss:") {
+        let store = RedisStore::connect(url, args.redis_prefix.clone())
+            .await
+            .with_context(|| format!("cannot open the store {}", redact(url)))?;
+        run_on(listener, store, config).await
+    } else {
+        anyhow::bail!(
+            "unsupported store URL {:?}: expected sqlite://PATH, postgres://… or redis://…",
+            redact(url)
+        )
+    }
+}
+
+async fn run_on<St: Store>(
+    listener: TcpListener,
+    store: St,
+    config: GatewayConfig,
+) -> anyhow::Result<ExitCode> {
+    idem_gateway::serve(listener, store, config, shutdown_signal())
+        .await
+        .context("the gateway failed")?;
+    Ok(ExitCode::SUCCESS)
+}

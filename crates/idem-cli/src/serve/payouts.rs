@@ -1,0 +1,278 @@
+//! `POST /payouts`: work outside the database, in lease mode (SPEC §3).
+//!
+//! The key is claimed and committed with a lease first; the provider is called with a key
+//! derived from ours (so the provider dedupes a repeated call); the outcome is stored only by
+//! the holder of the claim. A worker that dies mid-call leaves its record in progress: retries
+//! get `409` until the [`reconcile`] loop has asked the provider what happened and completed
+//! the record with the provider's answer, or released it when nothing happened.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Extension, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idem_core::{Clock, Scope, StoredResponse};
+use idem_store::RecordFilter;
+use idem_tower::Outcome;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::App;
+use super::backend::Backend;
+use super::payments::{invalid, parse_request, problem};
+
+/// Where a test may freeze a payout, to kill the process at that point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PausePoint {
+    /// After the claim, before the provider is called.
+    BeforeProvider,
+    /// After the provider answered, before the outcome is stored.
+    AfterProvider,
+}
+
+/// The provider's answer to a charge.
+#[derive(Debug, Clone, Deserialize)]
+struct Charge {
+    id: String,
+    amount: i64,
+    currency: String,
+}
+
+/// A payout as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+struct Payout {
+    id: String,
+    amount: i64,
+    currency: String,
+    status: &'static str,
+    provider_charge: String,
+}
+
+/// The key the provider sees: derived from ours, so it is stable across retries and takeovers,
+/// and scoped to the account.
+fn provider_key(scope: &Scope) -> String {
+    let mut hash = Sha256::new();
+    hash.update(b"idem-payout\0");
+    hash.update(scope.account.as_str().as_bytes());
+    hash.update([0]);
+    hash.update(scope.key.as_str().as_bytes());
+    format!("idem-{}", hex::encode(&hash.finalize()[..20]))
+}
+
+/// The response for a charge: the handler and the reconciler build the very same bytes.
+fn payout_response(charge: &Charge) -> (StatusCode, Vec<u8>) {
+    let payout = Payout {
+        id: format!("po_{}", charge.id),
+        amount: charge.amount,
+        currency: charge.currency.clone(),
+        status: "paid",
+        provider_charge: charge.id.clone(),
+    };
+    (
+        StatusCode::CREATED,
+        serde_json::to_vec(&payout).expect("a payout serialises"),
+    )
+}
+
+fn with_outcome(mut response: Response, outcome: Outcome) -> Response {
+    response.extensions_mut().insert(outcome);
+    response
+}
+
+async fn pause_if(app_pause: Option<PausePoint>, here: PausePoint) {
+    if app_pause == Some(here) {
+        eprintln!("idem-fault: paused at {here:?}");
+        std::future::pending::<()>().await;
+    }
+}
+
+/// `POST /payouts` `{"amount": 100, "currency": "EUR"}`.
+pub(crate) async fn create<B: Backend>(
+    State(app): State<App<B>>,
+    Extension(scope): Extension<Scope>,
+    body: Bytes,
+) -> Response {
+    let request = match parse_request(&body) {
+        Ok(parsed) => parsed,
+        Err(detail) => return invalid(&detail),
+    };
+    pause_if(app.provider.pause, PausePoint::BeforeProvider).await;
+    let call = app
+        .provider
+        .http
+        .post(format!("{}/charges", app.provider.url))
+        .header("idempotency-key", provider_key(&scope))
+        .json(&serde_json::json!({"amount": request.amount, "currency": request.currency}))
+        .send()
+        .await;
+    let answer = match call {
+        Ok(answer) => answer,
+        // Nothing reached the provider: nothing happened, the retry runs fresh.
+        Err(e) if e.is_connect() => {
+            return with_outcome(
+                problem(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-unavailable",
+                    "The payment provider is unavailable",
+                    "nothing was sent to the provider; retry with the same key",
+                ),
+                Outcome::Release,
+            );
+        }
+        // Sent, then no answer: the provider may have paid. The record stays in progress
+        // until the reconciler finds out.
+        Err(e) => {
+            tracing::warn!(error = %e, "the provider call failed after it was sent");
+            return with_outcome(
+                problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "outcome-unknown",
+                    "The payment provider did not answer",
+                    "the payout may or may not have happened; retry with the same key to learn which",
+                ),
+                Outcome::Unknown,
+            );
+        }
+    };
+    let status = answer.status();
+    let body = answer.bytes().await;
+    pause_if(app.provider.pause, PausePoint::AfterProvider).await;
+    match (status.as_u16(), body) {
+        (200 | 201, Ok(body)) => match serde_json::from_slice::<Charge>(&body) {
+            Ok(charge) => {
+                let (status, body) = payout_response(&charge);
+                (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the provider's answer is unreadable");
+                with_outcome(
+                    problem(
+                        StatusCode::BAD_GATEWAY,
+                        "outcome-unknown",
+                        "The payment provider's answer is unreadable",
+                        "the payout may have happened; retry with the same key to learn which",
+                    ),
+                    Outcome::Unknown,
+                )
+            }
+        },
+        // A decline is a business outcome: stored and replayed.
+        (402, _) => problem(
+            StatusCode::PAYMENT_REQUIRED,
+            "card-declined",
+            "The payment provider declined the payout",
+            "declined by the provider",
+        ),
+        (code, _) => {
+            tracing::warn!(status = code, "the provider failed");
+            with_outcome(
+                problem(
+                    StatusCode::BAD_GATEWAY,
+                    "outcome-unknown",
+                    "The payment provider failed",
+                    "the payout may or may not have happened; retry with the same key to learn which",
+                ),
+                Outcome::Unknown,
+            )
+        }
+    }
+}
+
+/// The payment provider `idem serve` pays out through.
+#[derive(Debug, Clone)]
+pub(crate) struct Provider {
+    pub(crate) url: String,
+    pub(crate) http: reqwest::Client,
+    pub(crate) pause: Option<PausePoint>,
+}
+
+impl Provider {
+    pub(crate) fn new(url: String, timeout: Duration, pause: Option<PausePoint>) -> Self {
+        Self {
+            url: url.trim_end_matches('/').to_owned(),
+            http: reqwest::Client::builder()
+                .timeout(timeout)
+                .build()
+                .expect("a plain HTTP client builds"),
+            pause,
+        }
+    }
+}
+
+/// What the reconciler did with one stale record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reconciled {
+    Completed,
+    Released,
+    Unknown,
+}
+
+/// Resolves in-progress records whose lease ran out (their worker died): asks the provider by
+/// key what happened, then completes the record with the provider's answer, or releases it
+/// when the provider has no such charge; when the provider cannot be asked, the record stays
+/// in progress, visible to operators (`idem keys list`), and is tried again next round.
+pub(crate) async fn reconcile<B: Backend>(
+    store: &B,
+    provider: &Provider,
+    clock: &dyn Clock,
+) -> anyhow::Result<usize> {
+    let stale = store
+        .list(&RecordFilter {
+            in_progress: Some(true),
+            lease_expired_by: Some(clock.now()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await?;
+    let mut resolved = 0;
+    for record in stale {
+        let result = reconcile_one(store, provider, &record).await;
+        tracing::info!(key = %record.scope.log_label(), ?result, "reconciled a stale payout");
+        if result != Reconciled::Unknown {
+            resolved += 1;
+        }
+    }
+    Ok(resolved)
+}
+
+async fn reconcile_one<B: Backend>(
+    store: &B,
+    provider: &Provider,
+    record: &idem_core::Record,
+) -> Reconciled {
+    let idem_core::RecordState::InProgress { token, .. } = record.state else {
+        return Reconciled::Unknown;
+    };
+    let url = format!("{}/charges/{}", provider.url, provider_key(&record.scope));
+    let answer = match provider.http.get(url).send().await {
+        Ok(answer) => answer,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot ask the provider; the outcome stays unknown");
+            return Reconciled::Unknown;
+        }
+    };
+    match answer.status().as_u16() {
+        200 => {
+            let Ok(charge) = answer.json::<Charge>().await else {
+                return Reconciled::Unknown;
+            };
+            let (status, body) = payout_response(&charge);
+            let stored = StoredResponse {
+                status: status.as_u16(),
+                headers: vec![("content-type".into(), "application/json".into())],
+                body,
+                body_omitted: false,
+            };
+            match store.complete(&record.scope, token, &stored).await {
+                Ok(true) => Reconciled::Completed,
+                _ => Reconciled::Unknown,
+            }
+        }
+        404 => match store.release(&record.scope, token).await {
+            Ok(true) => Reconciled::Released,
+            _ => Reconciled::Unknown,
+        },
+        _ => Reconciled::Unknown,
+    }
+}

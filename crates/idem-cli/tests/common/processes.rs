@@ -1,0 +1,324 @@
+//! Real processes for crash tests: `idem serve` children, a private database on the shared
+//! PostgreSQL server, and a throwaway PostgreSQL cluster a test may crash at will. Every guard
+//! cleans up on drop, also when the test fails.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
+use tokio::sync::oneshot;
+
+/// The shared server, as idem-store's PostgreSQL tests reach it.
+const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Where Debian puts PostgreSQL 15's server programs.
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// How long a child may take to start before the test gives up on it.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shared server's admin URL (`IDEM_TEST_PG_URL`, as for idem-store's tests).
+pub fn shared_admin_url() -> String {
+    std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned())
+}
+
+/// `url` with its database replaced by `database`, keeping any query parameters.
+pub fn with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[authority..].find('/') {
+        Some(slash) => &base[..authority + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
+    }
+}
+
+/// A database of one test on the shared server; dropping it drops the database.
+pub struct PgDatabase {
+    pub url: String,
+    name: String,
+    admin_url: String,
+}
+
+impl PgDatabase {
+    pub async fn create() -> Self {
+        let admin_url = shared_admin_url();
+        // A UUID's simple form needs no quoting; template0 is never connected to, so copying it
+        // cannot fail because another test holds a session on it.
+        let name = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(&admin_url)
+            .await
+            .expect("connect to the shared test server (set IDEM_TEST_PG_URL)");
+        admin
+            .execute(AssertSqlSafe(format!(
+                "CREATE DATABASE {name} TEMPLATE template0"
+            )))
+            .await
+            .expect("create the test database");
+        admin.close().await.expect("close the admin connection");
+        Self {
+            url: with_database(&admin_url, &name),
+            name,
+            admin_url,
+        }
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        // Drop cannot await, and a runtime cannot block on itself: the drop runs on a thread
+        // with a runtime of its own. FORCE ends the sessions a killed child may have left.
+        let (name, admin_url) = (self.name.clone(), self.admin_url.clone());
+        let dropped = std::thread::spawn(
+            move || -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async {
+                    let mut admin = PgConnection::connect(&admin_url).await?;
+                    admin
+                        .execute(AssertSqlSafe(format!(
+                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                        )))
+                        .await?;
+                    admin.close().await?;
+                    Ok(())
+                })
+            },
+        )
+        .join();
+        // No panic: this may run while a failed test unwinds, and a second panic aborts.
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
+            Err(_) => eprintln!("dropping test database {} panicked", self.name),
+        }
+    }
+}
+
+/// A running `idem serve` process; dropping it kills the process.
+pub struct Serve {
+    /// `http://127.0.0.1:PORT`, as the process announced it.
+    pub url: String,
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    /// Starts `idem serve --database DATABASE` on a free loopback port, reads the line that
+    /// says where it listens, and waits until it answers `/healthz` (it prints that line
+    /// before it opens and migrates the database). Its stderr (warnings and errors) goes to a
+    /// log file.
+    pub async fn start(database: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("serve.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--database", database])
+            .env("RUST_LOG", "warn")
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(File::create(&log).expect("create the log file"))
+            .spawn()
+            .expect("spawn idem serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut serve = Self {
+            url: String::new(),
+            child,
+            log,
+            _dir: dir,
+        };
+        let (first_line, announced) = oneshot::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(first)) = lines.next() {
+                let _ = first_line.send(first);
+            }
+            // Read to the end: once the pipe closed, the child's next println would panic.
+            lines.for_each(drop);
+        });
+        let first = match tokio::time::timeout(START_TIMEOUT, announced).await {
+            Ok(Ok(line)) => line,
+            _ => panic!(
+                "idem serve did not say where it listens; its log:\n{}",
+                serve.log()
+            ),
+        };
+        serve.url = first
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in {first:?}"))
+            .to_owned();
+        // The listener is bound, so this request waits in its backlog until the service runs.
+        let health = reqwest::Client::new()
+            .get(format!("{}/healthz", serve.url))
+            .timeout(START_TIMEOUT)
+            .send()
+            .await
+            .map(|r| r.status());
+        assert!(
+            matches!(health, Ok(s) if s.is_success()),
+            "idem serve is not healthy: {health:?}; its log:\n{}",
+            serve.log()
+        );
+        serve
+    }
+
+    /// Kills the process with SIGKILL, as `kill -9` does: no shutdown, no cleanup.
+    pub fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL idem serve");
+        self.child.wait().expect("reap idem serve");
+    }
+
+    /// Whether the process is still running (it was neither killed nor crashed).
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("poll idem serve").is_none()
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A PostgreSQL cluster of the test's own, in a temporary directory on a free port, so it can
+/// be crashed without touching the shared server. Dropping it stops it and deletes it.
+pub struct Cluster {
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub url: String,
+    port: u16,
+    data: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Creates a cluster with `initdb` (trust authentication, superuser `postgres`) and
+    /// starts it. PostgreSQL refuses to run as root, so its programs run as the `postgres`
+    /// user, which owns the directory.
+    pub fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("idem-pg-")
+            .tempdir()
+            .expect("temp dir");
+        run(Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(dir.path()));
+        let data = dir.path().join("data");
+        // --no-sync: a crash of the server, unlike one of the machine, keeps the page cache,
+        // so the files need not reach the disk for the test to be sound.
+        run(as_postgres(dir.path(), "initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"]));
+        let port = free_port();
+        let cluster = Self {
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            port,
+            data,
+            dir,
+        };
+        cluster.start_again();
+        cluster
+    }
+
+    /// Starts the server and waits until it accepts connections (after crash recovery, if
+    /// it crashed).
+    pub fn start_again(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1",
+            self.port,
+            self.dir.path().display()
+        );
+        run(self
+            .pg_ctl()
+            .arg("-l")
+            .arg(self.dir.path().join("postgres.log"))
+            .args(["-w", "-t", "60", "-o", &options, "start"]));
+    }
+
+    /// Stops the server with `-m immediate`: every server process quits at once, with no
+    /// checkpoint, as in a crash; the next start runs crash recovery.
+    pub fn crash(&self) {
+        run(self.pg_ctl().args(["-m", "immediate", "-w", "stop"]));
+    }
+
+    /// What the server logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
+    }
+
+    fn pg_ctl(&self) -> Command {
+        let mut command = as_postgres(self.dir.path(), "pg_ctl");
+        command.arg("-D").arg(&self.data);
+        command
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Fails harmlessly when the server is already down; the directory goes with `dir`.
+        let stopped = self
+            .pg_ctl()
+            .args(["-m", "immediate", "-w", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if let Err(e) = stopped {
+            eprintln!("could not stop the test cluster on port {}: {e}", self.port);
+        }
+    }
+}
+
+/// `tool` from PostgreSQL's directory, run as the `postgres` user from `dir` (a directory it
+/// can enter, unlike the test's own working directory).
+fn as_postgres(dir: &Path, tool: &str) -> Command {
+    let mut command = Command::new("runuser");
+    command
+        .args(["-u", "postgres", "--", &format!("{PG_BIN}/{tool}")])
+        .current_dir(dir)
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs `command` to its end; panics with its output if it fails.
+fn run(command: &mut Command) -> Output {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// A loopback port nothing listens on now. The port is released before the server binds it;
+/// another process taking it in between is possible but unlikely on a test machine.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}

@@ -1,0 +1,370 @@
+//! Work outside the database: `kill -9` of a real `idem serve` at each point of a payout, the
+//! reconciler, gapless invoices under concurrency, and `idem keys`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{ALICE, TestServer, send};
+use futures_util::future::join_all;
+use idem_cli::fake_psp::{FakePsp, Faults};
+
+/// A real `idem serve` process, killed when dropped.
+struct Served {
+    child: Child,
+    url: String,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Served {
+    /// A server whose payout leases last one second, so crashed payouts are reconciled fast.
+    fn start(db: &std::path::Path, psp: &str, extra: &[&str]) -> Self {
+        Self::start_with_lease(db, psp, "1", extra)
+    }
+
+    fn start_with_lease(db: &std::path::Path, psp: &str, lease: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--lease-secs", lease])
+            .args(["--database", &format!("sqlite://{}", db.display())])
+            .args(["--psp-url", psp])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = stdout.next().unwrap().unwrap();
+        let url = first
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap()
+            .to_owned();
+        // Keep reading stdout: a closed pipe would kill the server at its next line.
+        std::thread::spawn(move || stdout.for_each(drop));
+        // Stderr lines arrive on a channel, so a test can await "paused at".
+        let (tx, stderr) = mpsc::channel();
+        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { child, url, stderr }
+    }
+
+    fn await_line(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200))
+                && line.contains(needle)
+            {
+                return;
+            }
+        }
+        panic!("idem serve never printed {needle:?}");
+    }
+
+    fn kill9(mut self) {
+        let status = Command::new("kill")
+            .args(["-9", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_psp() -> (FakePsp, String) {
+    let psp = FakePsp::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let router = psp.router();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (psp, url)
+}
+
+fn payout(url: &str, key: &str) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .post(format!("{url}/payouts"))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(r#"{"amount": 2500, "currency": "EUR"}"#)
+        .timeout(Duration::from_secs(30))
+}
+
+/// Retries like a client until a final answer; returns it and how many 409s it saw.
+async fn retry_until_final(url: &str, key: &str) -> (common::Answer, usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut conflicts = 0;
+    loop {
+        let answer = send(payout(url, key)).await;
+        if answer.status != 409 || Instant::now() > deadline {
+            return (answer, conflicts);
+        }
+        conflicts += 1;
+        assert!(answer.headers.get("retry-after").is_some());
+        // The client honours Retry-After, shortened so the test is quick.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Sends a payout that never gets its answer: the server dies before answering.
+fn send_and_lose(url: &str, key: &str) -> tokio::task::JoinHandle<()> {
+    let request = payout(url, key);
+    tokio::spawn(async move {
+        let _ = request.send().await;
+    })
+}
+
+#[derive(Clone, Copy, Debug)]
+enum KillPoint {
+    Before,
+    During,
+    After,
+}
+
+async fn kill_at(point: KillPoint) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let (psp, psp_url) = start_psp().await;
+    let key = format!("payout-{point:?}");
+    let pause: &[&str] = match point {
+        KillPoint::Before => &["--fault-pause", "before-provider"],
+        KillPoint::After => &["--fault-pause", "after-provider"],
+        KillPoint::During => &[],
+    };
+    if let KillPoint::During = point {
+        // The provider takes its time, so the server dies while the call is in flight; the
+        // provider still completes the charge, as a real one would.
+        psp.set_faults(Faults {
+            delay_ms: 1500,
+            ..Faults::default()
+        })
+        .await;
+    }
+    let first = Served::start(&db, &psp_url, pause);
+    let arrived = psp.arrived.notified();
+    let lost = send_and_lose(&first.url, &key);
+    match point {
+        KillPoint::Before => first.await_line("paused at BeforeProvider"),
+        KillPoint::After => first.await_line("paused at AfterProvider"),
+        KillPoint::During => arrived.await,
+    }
+    first.kill9();
+    lost.await.unwrap();
+    psp.set_faults(Faults::default()).await;
+
+    let second = Served::start(&db, &psp_url, &[]);
+    let (answer, conflicts) = retry_until_final(&second.url, &key).await;
+    // Let a delayed charge land before counting.
+    if let KillPoint::During = point {
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+    }
+    let charges = psp.charges().await;
+    eprintln!(
+        "{point:?}: final {} after {conflicts} × 409; provider charges: {charges}",
+        answer.status
+    );
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    assert_eq!(charges, 1, "exactly one charge at the provider");
+    assert_eq!(
+        answer.body["provider_charge"], "ch_1",
+        "the provider's answer"
+    );
+    // And it replays from now on.
+    let again = send(payout(&second.url, &key)).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, answer.body);
+    assert_eq!(psp.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_before_the_provider_call_leaves_one_charge() {
+    kill_at(KillPoint::Before).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_during_the_provider_call_leaves_one_charge() {
+    kill_at(KillPoint::During).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_after_the_provider_call_before_the_outcome_is_stored_leaves_one_charge() {
+    kill_at(KillPoint::After).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_provider_answer_is_reconciled_not_charged_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_url) = start_psp().await;
+    psp.set_faults(Faults {
+        drop_next: 1,
+        ..Faults::default()
+    })
+    .await;
+    let served = Served::start(&dir.path().join("idem.db"), &psp_url, &[]);
+    let first = send(payout(&served.url, "lost-answer-01")).await;
+    assert_eq!(first.status, 504, "{}", first.body);
+    let (answer, conflicts) = retry_until_final(&served.url, "lost-answer-01").await;
+    assert_eq!(answer.status, 201);
+    assert!(conflicts > 0, "retries waited for the reconciler");
+    assert_eq!(psp.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_that_is_down_releases_the_key_and_a_decline_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let parked = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = format!("http://{}", parked.local_addr().unwrap());
+    drop(parked);
+    let served = Served::start(&dir.path().join("idem.db"), &down, &[]);
+    let answer = send(payout(&served.url, "provider-down-1")).await;
+    assert_eq!(answer.status, 502);
+    drop(served);
+
+    let (psp, psp_url) = start_psp().await;
+    psp.set_faults(Faults {
+        decline_next: 1,
+        ..Faults::default()
+    })
+    .await;
+    let served = Served::start(&dir.path().join("idem.db"), &psp_url, &[]);
+    // The same key runs fresh (it was released), and the decline is stored and replayed.
+    let declined = send(payout(&served.url, "provider-down-1")).await;
+    assert_eq!(declined.status, 402);
+    let again = send(payout(&served.url, "provider-down-1")).await;
+    assert_eq!(again.status, 402);
+    assert!(again.replayed());
+    assert_eq!(psp.charges().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_concurrent_invoice_requests_with_200_keys_issue_1_to_200_once_each() {
+    let server = TestServer::start().await;
+    let requests: Vec<String> = (0..1000)
+        .map(|i| format!("invoice-key-{:04}", i % 200))
+        .collect();
+    let answers = join_all(requests.iter().map(|key| {
+        let req = server
+            .client
+            .post(format!("{}/invoices", server.url))
+            .bearer_auth(ALICE)
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(r#"{"amount": 100, "currency": "EUR"}"#);
+        async move { (key.clone(), send(req).await) }
+    }))
+    .await;
+    let mut number_of: HashMap<String, i64> = HashMap::new();
+    for (key, answer) in &answers {
+        assert_eq!(answer.status, 201, "{}", answer.body);
+        let number = answer.body["number"].as_i64().unwrap();
+        let previous = number_of.insert(key.clone(), number);
+        assert!(
+            previous.is_none_or(|p| p == number),
+            "a retry got the number already issued"
+        );
+    }
+    let mut numbers: Vec<i64> = number_of.values().copied().collect();
+    numbers.sort_unstable();
+    assert_eq!(
+        numbers,
+        (1..=200).collect::<Vec<_>>(),
+        "1..200, each exactly once"
+    );
+    assert_eq!(server.count("SELECT COUNT(*) FROM invoices").await, 200);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idem_keys_lists_shows_purges_and_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let (psp, psp_url) = start_psp().await;
+    let served = Served::start(&db, &psp_url, &[]);
+    send(payout(&served.url, "listed-key-0001")).await;
+    psp.set_faults(Faults {
+        drop_next: 1,
+        ..Faults::default()
+    })
+    .await;
+    drop(served); // no reconciler from here on: the second key stays stuck
+    let served = Served::start_with_lease(&db, &psp_url, "3600", &[]);
+    let stuck = send(payout(&served.url, "stuck-key-00001")).await;
+    assert_eq!(stuck.status, 504);
+    drop(served);
+
+    let idem = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .arg("keys")
+            .args(["--database", &format!("sqlite://{}", db.display())])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, list) = idem(&["list"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        list.contains("listed-key-0001") && list.contains("completed"),
+        "{list}"
+    );
+    assert!(
+        list.contains("stuck-key-00001") && list.contains("in_progress"),
+        "{list}"
+    );
+    assert!(list.contains("2 keys"), "{list}");
+    let (_, stuck_only) = idem(&["list", "--in-progress"]);
+    assert!(!stuck_only.contains("listed-key-0001"), "{stuck_only}");
+
+    let (_, shown) = idem(&["show", "acct_alice", "listed-key-0001"]);
+    assert!(
+        shown.contains("--body to show") && !shown.contains("po_ch_1"),
+        "{shown}"
+    );
+    let (_, with_body) = idem(&["show", "acct_alice", "listed-key-0001", "--body"]);
+    assert!(with_body.contains("po_ch_1"), "{with_body}");
+
+    let (code, _) = idem(&[
+        "complete",
+        "acct_alice",
+        "stuck-key-00001",
+        "--status",
+        "201",
+        "--body",
+        r#"{"id":"po_ch_2"}"#,
+    ]);
+    assert_eq!(code, Some(0));
+    let (code, _) = idem(&[
+        "complete",
+        "acct_alice",
+        "stuck-key-00001",
+        "--status",
+        "201",
+    ]);
+    assert_eq!(code, Some(1), "only an in-progress key can be completed");
+    let (code, _) = idem(&["purge", "acct_alice", "listed-key-0001"]);
+    assert_eq!(code, Some(0));
+    let (_, list) = idem(&["list"]);
+    assert!(
+        list.contains("1 keys") && !list.contains("listed-key-0001"),
+        "{list}"
+    );
+}

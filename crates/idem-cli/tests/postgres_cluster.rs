@@ -1,0 +1,784 @@
+//! Crash and concurrency tests with real processes: `idem serve` instances sharing one
+//! PostgreSQL database, one of them killed with SIGKILL mid-burst, and PostgreSQL itself crashed
+//! (`pg_ctl stop -m immediate`) and started again under load. Each test has a database of its own
+//! on the shared server, or a cluster of its own, and leaves nothing behind.
+//!
+//! Each test prints what it measured (`--nocapture` shows it).
+
+#[path = "common/processes.rs"]
+mod processes;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use idem_client::{Client, Intent, RetryBudget, RetryPolicy};
+use idem_core::{IdempotencyKey, KeyLimits};
+use processes::{Cluster, PgDatabase, Serve};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use reqwest::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER};
+use sqlx::{Connection, PgConnection};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+const KEYS: usize = 200;
+const COPIES: usize = 10;
+
+/// The tests measure bursts on a small machine: one at a time, so they do not measure each
+/// other.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// One answer (or the lack of one) as a client saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    key: usize,
+    instance: usize,
+    /// `None`: no response at all (connection refused or cut, timeout).
+    status: Option<u16>,
+    retry_after: Option<String>,
+    replayed: bool,
+    /// The payment id of a `201`.
+    id: Option<String>,
+    body: Bytes,
+    /// Why there was no response.
+    error: Option<String>,
+    sent: Instant,
+    answered: Instant,
+}
+
+impl Seen {
+    fn created(&self) -> bool {
+        self.status == Some(201)
+    }
+
+    fn label(&self) -> String {
+        match self.status {
+            None => "no response".into(),
+            Some(201) if self.replayed => "201 replayed".into(),
+            Some(201) => "201 fresh".into(),
+            Some(code) => code.to_string(),
+        }
+    }
+}
+
+/// Every answer of a test, in the order they arrived; waiters are woken on each one.
+#[derive(Default)]
+struct Journal {
+    seen: Mutex<Vec<Seen>>,
+    changed: Notify,
+}
+
+impl Journal {
+    fn record(&self, seen: Seen) {
+        self.lock().push(seen);
+        self.changed.notify_waiters();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Seen>> {
+        // Only pushes and reads happen under the lock; a panic cannot leave it half-written.
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn snapshot(&self) -> Vec<Seen> {
+        self.lock().clone()
+    }
+
+    /// Waits until `done` holds for the answers so far, or panics at `deadline`.
+    async fn until(&self, what: &str, deadline: Instant, done: impl Fn(&[Seen]) -> bool) {
+        loop {
+            // Registered before the check, so an answer arriving in between still wakes us.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if done(&self.lock()) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                panic!("timed out waiting for {what}");
+            }
+        }
+    }
+}
+
+/// Sends payment intents to the instances and records every answer.
+struct Load {
+    client: Client,
+    urls: Vec<String>,
+    prefix: &'static str,
+    journal: Arc<Journal>,
+    backoff: RetryPolicy,
+    deadline: Instant,
+    attempts: AtomicUsize,
+}
+
+impl Load {
+    fn new(instances: &[Serve], prefix: &'static str, deadline: Instant) -> Self {
+        // reqwest opens a connection per concurrent request (no cap), so a burst goes out at
+        // once.
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .expect("an HTTP client");
+        // One attempt per `send`: the test runs the retry loop itself so that it sees every
+        // answer, a 500 included, which the client's own loop would retry silently.
+        let client = Client::new()
+            .with_http_client(http)
+            .with_budget(RetryBudget::unlimited())
+            .with_policy(RetryPolicy {
+                max_attempts: 1,
+                attempt_timeout: Duration::from_secs(20),
+                ..RetryPolicy::default()
+            });
+        Self {
+            client,
+            urls: instances.iter().map(|s| s.url.clone()).collect(),
+            prefix,
+            journal: Arc::default(),
+            backoff: RetryPolicy {
+                base: Duration::from_millis(20),
+                cap: Duration::from_millis(500),
+                max_attempts: u32::MAX,
+                ..RetryPolicy::default()
+            },
+            deadline,
+            attempts: AtomicUsize::new(0),
+        }
+    }
+
+    fn key(&self, key: usize) -> String {
+        format!("{}-{key:06}", self.prefix)
+    }
+
+    fn intent(&self, key: usize, instance: usize) -> Intent {
+        let key_name = IdempotencyKey::new(self.key(key), KeyLimits::default()).expect("valid");
+        Intent::post(format!("{}/payments", self.urls[instance]))
+            .with_key(key_name)
+            .header(
+                AUTHORIZATION,
+                HeaderValue::from_static("Bearer sk_test_alice"),
+            )
+            .json(&serde_json::json!({"amount": 1000 + key, "currency": "EUR"}))
+    }
+
+    /// Sends one copy of `key` to `instance` until it gets a final answer, and returns that.
+    /// A refusal (409, 503, or a 500 that must not happen) is retried on the same instance
+    /// after its `Retry-After`; no response at all moves the copy to the next instance, as a
+    /// client behind a load balancer would.
+    async fn copy(&self, key: usize, mut instance: usize) -> Seen {
+        let mut waits = self.backoff.delays(StdRng::from_os_rng());
+        loop {
+            let intent = self.intent(key, instance);
+            let sent = Instant::now();
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+            let (status, headers, body, replayed, error, is_final) =
+                match self.client.send(&intent).await {
+                    Ok(answer) => (
+                        Some(answer.status.as_u16()),
+                        answer.headers,
+                        answer.body,
+                        answer.replayed,
+                        None,
+                        true,
+                    ),
+                    Err(idem_client::Error::Status { last, .. }) => (
+                        Some(last.status.as_u16()),
+                        last.headers,
+                        last.body,
+                        false,
+                        None,
+                        false,
+                    ),
+                    Err(e @ idem_client::Error::Transport { .. }) => (
+                        None,
+                        Default::default(),
+                        Bytes::new(),
+                        false,
+                        Some(format!("{:#}", anyhow::Error::new(e))),
+                        false,
+                    ),
+                    Err(e) => panic!("the request for key {key} could not be sent: {e}"),
+                };
+            let id = (status == Some(201))
+                .then(|| serde_json::from_slice::<serde_json::Value>(&body).ok())
+                .flatten()
+                .and_then(|v| v["id"].as_str().map(str::to_owned));
+            let seen = Seen {
+                key,
+                instance,
+                status,
+                retry_after: headers
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+                replayed,
+                id,
+                body,
+                error,
+                sent,
+                answered: Instant::now(),
+            };
+            self.journal.record(seen.clone());
+            if is_final {
+                return seen;
+            }
+            assert!(
+                Instant::now() < self.deadline,
+                "key {} got no final answer in time; the last attempt got {seen:?}",
+                self.key(key)
+            );
+            let jittered = waits.next().expect("the backoff never runs out");
+            let wait = match &seen.retry_after {
+                // The service asks for whole seconds; capped so a test never idles long.
+                Some(asked) => asked.parse().map_or(jittered, |secs| {
+                    Duration::from_secs(secs).min(Duration::from_secs(2))
+                }),
+                None => jittered,
+            };
+            if seen.status.is_none() {
+                instance = (instance + 1) % self.urls.len();
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Answers by label, for the figures.
+fn tally<'a>(seen: impl IntoIterator<Item = &'a Seen>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for s in seen {
+        *counts.entry(s.label()).or_default() += 1;
+    }
+    counts
+}
+
+/// Every answer is a `201`, or a refusal the client may retry: `409` or `503`, each with
+/// `Retry-After`. Anything else (a `500` above all) fails with the answer and the instances'
+/// logs as evidence.
+fn assert_only_payments_and_refusals(seen: &[Seen], no_response_allowed: bool, logs: &[String]) {
+    let bad: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| match s.status {
+            Some(201) => false,
+            Some(409 | 503) => s.retry_after.is_none(),
+            Some(_) => true,
+            None => !no_response_allowed,
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{} unexpected answers, the first: {:?} (body {:?}); answers by status: {:?}\nlogs:\n{}",
+        bad.len(),
+        bad[0],
+        String::from_utf8_lossy(&bad[0].body),
+        tally(seen),
+        logs.join("\n---\n")
+    );
+}
+
+/// The final state in the database: one payment per key that got a `201`, with the id every
+/// `201` of that key carried; no other payment; every key row completed, none in progress.
+/// Returns the payment count.
+async fn assert_one_payment_per_key(database: &str, load: &Load, seen: &[Seen]) -> usize {
+    let mut ids: HashMap<String, HashSet<&str>> = HashMap::new();
+    for s in seen.iter().filter(|s| s.created()) {
+        ids.entry(load.key(s.key))
+            .or_default()
+            .insert(s.id.as_deref().expect("a 201 carries an id"));
+    }
+    for (key, key_ids) in &ids {
+        assert_eq!(
+            key_ids.len(),
+            1,
+            "key {key} answered with several ids: {key_ids:?}"
+        );
+    }
+
+    let mut db = PgConnection::connect(database).await.expect("connect");
+    let rows: Vec<(Option<String>, String)> =
+        sqlx::query_as("SELECT idem_key, id FROM payments ORDER BY idem_key")
+            .fetch_all(&mut db)
+            .await
+            .expect("read payments");
+    let mut stored: HashMap<String, Vec<String>> = HashMap::new();
+    for (key, id) in rows.iter().cloned() {
+        stored
+            .entry(key.expect("every payment was made with a key"))
+            .or_default()
+            .push(id);
+    }
+    let doubled: Vec<_> = stored.iter().filter(|(_, p)| p.len() > 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "keys charged more than once: {doubled:?}"
+    );
+    assert_eq!(
+        stored.len(),
+        ids.len(),
+        "payments for keys that never got a 201, or 201s without a payment"
+    );
+    for (key, key_ids) in &ids {
+        let stored_id = stored.get(key).map(|p| p[0].as_str());
+        assert_eq!(
+            stored_id,
+            key_ids.iter().next().copied(),
+            "key {key}: the answered id is not the stored payment"
+        );
+    }
+
+    let in_progress: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'")
+            .fetch_one(&mut db)
+            .await
+            .expect("count keys in progress");
+    assert_eq!(in_progress, 0, "keys left in progress");
+    let completed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE status = 'completed'")
+            .fetch_one(&mut db)
+            .await
+            .expect("count completed keys");
+    assert_eq!(
+        completed as usize,
+        ids.len(),
+        "one completed key row per key"
+    );
+    db.close().await.expect("close");
+    rows.len()
+}
+
+/// Waits until `n` sessions of `database` running a statement that contains `statement` are
+/// blocked on a lock. PostgreSQL announces no such event, so this watches its own view of its
+/// sessions, with a deadline.
+async fn lock_waiters(database: &str, statement: &str, n: i64, deadline: Instant) {
+    let mut db = PgConnection::connect(database).await.expect("connect");
+    let mut every = tokio::time::interval(Duration::from_millis(10));
+    loop {
+        every.tick().await;
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND strpos(query, $1) > 0",
+        )
+        .bind(statement)
+        .fetch_one(&mut db)
+        .await
+        .expect("read pg_stat_activity");
+        if waiting >= n {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{waiting} sessions waiting on a lock in {statement:?}, not {n}"
+        );
+    }
+    db.close().await.expect("close");
+}
+
+/// `KEYS` keys × `COPIES` copies, the copies of each key split evenly between two instances,
+/// in a random order.
+fn split_copies() -> Vec<(usize, usize)> {
+    let mut copies: Vec<(usize, usize)> = (0..KEYS)
+        .flat_map(|key| (0..COPIES).map(move |copy| (key, copy % 2)))
+        .collect();
+    copies.shuffle(&mut rand::rng());
+    copies
+}
+
+/// The final answers of a burst: every one a `201`, exactly one fresh per key.
+fn assert_one_fresh_answer_per_key(finals: &[Seen]) {
+    let fresh: Vec<usize> = finals
+        .iter()
+        .filter(|s| !s.replayed)
+        .map(|s| s.key)
+        .collect();
+    let distinct: HashSet<usize> = fresh.iter().copied().collect();
+    assert!(finals.iter().all(Seen::created), "{:?}", tally(finals));
+    assert_eq!(
+        fresh.len(),
+        KEYS,
+        "one fresh answer per key: {:?}",
+        tally(finals)
+    );
+    assert_eq!(distinct.len(), KEYS, "one fresh answer per key");
+}
+
+fn logs(instances: &[Serve]) -> Vec<String> {
+    instances.iter().map(Serve::log).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_on_one_database_make_one_payment_per_key_and_replay_every_copy() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = PgDatabase::create().await;
+    let instances = [Serve::start(&db.url).await, Serve::start(&db.url).await];
+    let load = Load::new(
+        &instances,
+        "burst",
+        Instant::now() + Duration::from_secs(30),
+    );
+
+    let started = Instant::now();
+    let finals = join_all(split_copies().into_iter().map(|(k, i)| load.copy(k, i))).await;
+    let elapsed = started.elapsed();
+    let seen = load.journal.snapshot();
+
+    assert_only_payments_and_refusals(&seen, false, &logs(&instances));
+    assert_one_fresh_answer_per_key(&finals);
+    let payments = assert_one_payment_per_key(&db.url, &load, &seen).await;
+    assert_eq!(payments, KEYS);
+    let per_instance: Vec<usize> = (0..2)
+        .map(|i| finals.iter().filter(|s| s.instance == i).count())
+        .collect();
+
+    eprintln!(
+        "two instances, one database: {} copies of {KEYS} keys sent at once, split {per_instance:?}; \
+         {} attempts in {elapsed:.2?}; answers by status {:?}; final answers {:?}; \
+         {payments} payments",
+        finals.len(),
+        load.attempts.load(Ordering::Relaxed),
+        tally(&seen),
+        tally(&finals),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_replays() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = PgDatabase::create().await;
+    let instances = [Serve::start(&db.url).await, Serve::start(&db.url).await];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let load = Load::new(&instances, "held", deadline);
+
+    // The test plays an original still running on a third instance: its transaction holds
+    // the key's row, uncommitted, so every copy's claim blocks on it. From outside, a copy
+    // that waited and one that came after the commit both just replay; holding the row makes
+    // every copy wait.
+    let mut original = PgConnection::connect(&db.url).await.expect("connect");
+    let mut running = original.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO idempotency_keys
+             (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until,
+              fencing_token)
+         VALUES ('acct_alice', $1, $2, 'in_progress', now(), now() + interval '1 day',
+                 now() + interval '1 day', 1)",
+    )
+    .bind(load.key(0))
+    .bind(&[0u8; 32][..])
+    .execute(&mut *running)
+    .await
+    .expect("hold the key");
+
+    let started = Instant::now();
+    let (finals, waited) = tokio::join!(
+        join_all((0..COPIES).map(|copy| load.copy(0, copy % 2))),
+        async {
+            lock_waiters(
+                &db.url,
+                "INSERT INTO idempotency_keys",
+                COPIES as i64,
+                deadline,
+            )
+            .await;
+            let waited = started.elapsed();
+            // The original fails: the key is free again, and one copy must run it afresh
+            // while the others now wait for that one.
+            running.rollback().await.expect("roll back the original");
+            waited
+        }
+    );
+    let elapsed = started.elapsed();
+    let seen = load.journal.snapshot();
+
+    assert_only_payments_and_refusals(&seen, false, &logs(&instances));
+    assert_eq!(
+        seen.len(),
+        COPIES,
+        "one answer per copy, none refused: {:?}",
+        tally(&seen)
+    );
+    assert!(finals.iter().all(Seen::created));
+    assert_eq!(
+        finals.iter().filter(|s| !s.replayed).count(),
+        1,
+        "{:?}",
+        tally(&finals)
+    );
+    assert_eq!(assert_one_payment_per_key(&db.url, &load, &seen).await, 1);
+    original.close().await.expect("close");
+
+    eprintln!(
+        "a duplicate waits then replays: {COPIES} copies of one key sent to two instances while \
+         its original held the key; all {COPIES} waiting on its lock after {waited:.2?}; the \
+         original rolled back; answers {:?} in {elapsed:.2?}; 1 payment",
+        tally(&finals),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in_progress() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = PgDatabase::create().await;
+    let mut instances = [Serve::start(&db.url).await, Serve::start(&db.url).await];
+    let load = Load::new(&instances, "kill", Instant::now() + Duration::from_secs(30));
+    // A quarter of the burst answered: the rest is in flight, much of it on instance 0.
+    let kill_after = KEYS * COPIES / 4;
+
+    let started = Instant::now();
+    let (finals, (in_flight, killed_at)) = tokio::join!(
+        join_all(split_copies().into_iter().map(|(k, i)| load.copy(k, i))),
+        async {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            load.journal
+                .until("the answers before the kill", deadline, |s| {
+                    s.len() >= kill_after
+                })
+                .await;
+            let in_flight = load.attempts.load(Ordering::Relaxed) - load.journal.lock().len();
+            tokio::task::block_in_place(|| instances[0].kill());
+            (in_flight, started.elapsed())
+        }
+    );
+    let elapsed = started.elapsed();
+    let seen = load.journal.snapshot();
+    let logs = logs(&instances);
+
+    assert_only_payments_and_refusals(&seen, true, &logs);
+    assert_one_fresh_answer_per_key(&finals);
+    let payments = assert_one_payment_per_key(&db.url, &load, &seen).await;
+    assert_eq!(payments, KEYS);
+    assert!(in_flight > 0, "the kill came after the burst");
+    let cut: Vec<&Seen> = seen.iter().filter(|s| s.status.is_none()).collect();
+    assert!(
+        !cut.is_empty(),
+        "no request lost its answer to the kill: the kill missed the burst"
+    );
+    assert!(
+        cut.iter().all(|s| s.instance == 0),
+        "only the killed instance failed to answer: {:?}",
+        cut.iter().find(|s| s.instance != 0)
+    );
+    assert!(instances[1].is_running());
+    let cut_keys: HashSet<usize> = cut.iter().map(|s| s.key).collect();
+    let finished_on_survivor = finals.iter().filter(|s| s.instance == 1).count();
+
+    eprintln!(
+        "kill -9 mid-burst: {} copies of {KEYS} keys sent at once to two instances; 1 kill after \
+         {kill_after} answers ({killed_at:.2?} in, {in_flight} attempts in flight); {} attempts \
+         in {elapsed:.2?}; {} attempts got no answer (keys affected: {}); answers by status {:?}; \
+         final answers {:?}, {finished_on_survivor} of them from the survivor; {payments} \
+         payments, 0 keys in progress; a lost answer looked like: {}",
+        finals.len(),
+        load.attempts.load(Ordering::Relaxed),
+        cut.len(),
+        cut_keys.len(),
+        tally(&seen),
+        tally(&finals),
+        cut[0].error.as_deref().unwrap_or(""),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_kept() {
+    const WORKERS: usize = 16;
+    // Keys of worker `w` are `w * STRIDE + n`.
+    const STRIDE: usize = 100_000;
+    // Keys of the requests the crash catches inside the handler, one per instance.
+    const CAUGHT: [usize; 2] = [90 * STRIDE, 91 * STRIDE];
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = tokio::task::block_in_place(Cluster::start);
+    let mut instances = [
+        Serve::start(&cluster.url).await,
+        Serve::start(&cluster.url).await,
+    ];
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let load = Arc::new(Load::new(&instances, "outage", deadline));
+    let stop = Arc::new(AtomicBool::new(false));
+
+    // Each worker pays one intent after another, each until it gets its 201.
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (load, stop) = (load.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    load.copy(w * STRIDE + n, w % 2).await;
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let journal = load.journal.clone();
+    let created = |s: &[Seen]| s.iter().filter(|s| s.created()).count();
+
+    journal
+        .until("payments before the crash", deadline, |s| created(s) >= 150)
+        .await;
+    // Requests caught inside the handler by the crash, one per instance, on cue: the test's
+    // own transaction holds a payment row with their key, so each claims its key and then
+    // blocks in the handler's INSERT INTO payments until the server goes down.
+    let mut holder = PgConnection::connect(&cluster.url).await.expect("connect");
+    let mut holding = holder.begin().await.expect("begin");
+    for (n, key) in CAUGHT.into_iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, created_at)
+             VALUES ($1, 'acct_alice', $2, 1, 'EUR', 'held', now())",
+        )
+        .bind(format!("pay_held_{n}"))
+        .bind(load.key(key))
+        .execute(&mut *holding)
+        .await
+        .expect("hold a payment row");
+    }
+    let caught: Vec<_> = CAUGHT
+        .into_iter()
+        .enumerate()
+        .map(|(instance, key)| {
+            let load = load.clone();
+            tokio::spawn(async move {
+                load.copy(key, instance).await;
+            })
+        })
+        .collect();
+    lock_waiters(
+        &cluster.url,
+        "INSERT INTO payments",
+        CAUGHT.len() as i64,
+        deadline,
+    )
+    .await;
+    let crashed_at = Instant::now();
+    tokio::task::block_in_place(|| cluster.crash());
+    let down_at = Instant::now();
+    // Down long enough that every worker's retry met a server that was already gone.
+    journal
+        .until(
+            "every worker answered while the database was down",
+            deadline,
+            |s| {
+                s.iter()
+                    .filter(|s| s.sent >= down_at && s.key / STRIDE < WORKERS)
+                    .map(|s| s.key / STRIDE)
+                    .collect::<HashSet<_>>()
+                    .len()
+                    == WORKERS
+            },
+        )
+        .await;
+    let restarting_at = Instant::now();
+    tokio::task::block_in_place(|| cluster.start_again());
+    let up_at = Instant::now();
+    // Recovered: a payment made after the restart began, by the same processes.
+    let recovered = |s: &Seen| s.created() && s.answered >= restarting_at;
+    journal
+        .until("the first payment after the restart", deadline, |s| {
+            s.iter().any(recovered)
+        })
+        .await;
+    let recovered_at = journal
+        .snapshot()
+        .iter()
+        .filter(|s| recovered(s))
+        .map(|s| s.answered)
+        .min()
+        .expect("a payment after the restart");
+    let created_before_restart = created(&journal.snapshot());
+    journal
+        .until("more payments after the recovery", deadline, |s| {
+            created(s) >= created_before_restart + 150
+        })
+        .await;
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers.into_iter().chain(caught) {
+        worker.await.expect("a worker finished its last intent");
+    }
+    // The crash ended the holding transaction; nothing of it is left to close.
+    drop(holding);
+    drop(holder);
+    let seen = journal.snapshot();
+    let attempts = load.attempts.load(Ordering::Relaxed);
+    let mut logs = logs(&instances);
+    logs.push(cluster.log());
+
+    // A request inside the handler when the database goes down is refused like any other:
+    // 503 with Retry-After (its retry pays once after the restart, checked below).
+    for key in CAUGHT {
+        let first = seen.iter().find(|s| s.key == key).expect("an answer");
+        assert!(
+            first.status == Some(503) && first.retry_after.is_some(),
+            "the request caught in the handler by the crash got {first:?} (body {:?}); \
+             its instance's log:\n{}",
+            String::from_utf8_lossy(&first.body),
+            logs[first.instance]
+        );
+    }
+    // During the outage and everywhere else: 201s, or refusals with Retry-After; never a 500,
+    // and every request got an answer.
+    assert_only_payments_and_refusals(&seen, false, &logs);
+    let down: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.sent >= down_at && s.answered <= restarting_at)
+        .collect();
+    assert!(
+        down.iter().all(|s| matches!(s.status, Some(409 | 503))),
+        "answers while the database was down: {:?}",
+        tally(down.iter().copied())
+    );
+    // The instances recovered by themselves.
+    assert!(instances.iter_mut().all(Serve::is_running));
+    let payments = assert_one_payment_per_key(&cluster.url, &load, &seen).await;
+
+    // Every payment acknowledged before the crash survived it and replays, byte for byte.
+    let acknowledged: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.created() && s.answered <= crashed_at)
+        .collect();
+    let replays = join_all(acknowledged.iter().map(|s| load.copy(s.key, s.instance))).await;
+    for (before, after) in acknowledged.iter().zip(&replays) {
+        assert!(
+            after.created() && after.replayed && after.body == before.body,
+            "payment for key {} acknowledged before the crash: then {:?}, now {:?}",
+            load.key(before.key),
+            before,
+            after
+        );
+    }
+
+    // From the crash to the first payment after the restart. The 201s in it are work that
+    // committed before the server went down and whose answers left after `crashed_at`.
+    let outage: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.answered >= crashed_at && s.answered < recovered_at)
+        .collect();
+    let slowest_refusal = outage
+        .iter()
+        .filter(|s| !s.created())
+        .map(|s| s.answered - s.sent)
+        .max()
+        .unwrap_or_default();
+    let keys: HashSet<usize> = seen.iter().map(|s| s.key).collect();
+    let caught_answers = tally(seen.iter().filter(|s| CAUGHT.contains(&s.key)));
+    eprintln!(
+        "PostgreSQL crash (-m immediate) under load: {WORKERS} workers over two instances, and \
+         {} requests caught in the handler by the crash, answered {caught_answers:?}; \
+         {attempts} attempts for {} keys; answers by status {:?}; from the crash to the \
+         recovery {:?}, of which while fully down {:?}; slowest refusal {slowest_refusal:.2?}; \
+         pg_ctl stop took {:.2?}, down {:.2?}, pg_ctl start {:.2?}; first 201 {:.2?} after \
+         the start began ({:.2?} after the crash); {} payments acknowledged before the crash \
+         all replayed; {payments} payments, one per key; 0 keys in progress",
+        CAUGHT.len(),
+        keys.len(),
+        tally(&seen),
+        tally(outage.iter().copied()),
+        tally(down.iter().copied()),
+        down_at - crashed_at,
+        restarting_at - down_at,
+        up_at - restarting_at,
+        recovered_at - restarting_at,
+        recovered_at - crashed_at,
+        acknowledged.len(),
+    );
+}
