@@ -27,9 +27,13 @@ impl Served {
     }
 
     fn start_with_lease(db: &std::path::Path, psp: &str, lease: &str, extra: &[&str]) -> Self {
+        Self::start_on(&format!("sqlite://{}", db.display()), psp, lease, extra)
+    }
+
+    fn start_on(database: &str, psp: &str, lease: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["serve", "--listen", "127.0.0.1:0", "--lease-secs", lease])
-            .args(["--database", &format!("sqlite://{}", db.display())])
+            .args(["--database", database])
             .args(["--psp-url", psp])
             .args(extra)
             .stdout(Stdio::piped())
@@ -367,4 +371,37 @@ async fn idem_keys_lists_shows_purges_and_completes() {
         list.contains("1 keys") && !list.contains("listed-key-0001"),
         "{list}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_duplicate_on_another_instance_waits_for_the_outcome_woken_by_notify() {
+    let db = idem_store::testing::PgTestDatabase::create().await;
+    let (psp, psp_url) = start_psp().await;
+    // The provider takes 1.5 s; the duplicate may wait 20 s: it must come back with the
+    // payout as soon as the first instance stores it, which only a NOTIFY can tell it.
+    psp.set_faults(Faults {
+        delay_ms: 1500,
+        ..Faults::default()
+    })
+    .await;
+    let wait = ["--wait-for-outcome-secs", "20"];
+    let a = Served::start_on(db.url(), &psp_url, "30", &wait);
+    let b = Served::start_on(db.url(), &psp_url, "30", &wait);
+    let arrived = psp.arrived.notified();
+    let original = tokio::spawn(send(payout(&a.url, "notified-key-01")));
+    arrived.await;
+    let started = Instant::now();
+    let duplicate = send(payout(&b.url, "notified-key-01")).await;
+    let waited = started.elapsed();
+    let original = original.await.unwrap();
+    eprintln!("the duplicate on the other instance waited {waited:?}");
+    assert_eq!(original.status, 201);
+    assert_eq!(duplicate.status, 201, "{}", duplicate.body);
+    assert!(duplicate.replayed());
+    assert_eq!(duplicate.body, original.body);
+    assert!(
+        waited < Duration::from_secs(10),
+        "woken by the notification, not the bound"
+    );
+    assert_eq!(psp.charges().await, 1);
 }

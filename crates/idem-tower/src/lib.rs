@@ -42,6 +42,7 @@ mod layer;
 mod mode;
 mod outcome;
 mod response;
+mod signal;
 
 #[cfg(feature = "axum")]
 mod extract;
@@ -52,3 +53,4 @@ pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use mode::{LeaseMode, Mode, TransactionMode};
 pub use outcome::Outcome;
 pub use response::{IDEMPOTENT_REPLAY, IDEMPOTENT_REPLAYED};
+pub use signal::OutcomeSignal;

@@ -13,11 +13,11 @@ use idem_store::{ClaimOutcome, NewClaim, Store, TransactionalStore, TxClaim};
 use tokio::sync::Mutex;
 use tower::{Service, ServiceExt};
 
-use crate::Outcome;
 use crate::layer::{
     ErrorChain, IdempotencyLayer, buffer_response, count, mismatch, store_unavailable,
 };
 use crate::response::{problem, replay};
+use crate::{Outcome, OutcomeSignal};
 use sealed::Claim;
 
 /// How the layer makes a key's claim and its work atomic: [`TransactionMode`] or
@@ -75,6 +75,7 @@ pub struct TransactionMode<St>(St);
 pub struct LeaseMode<St> {
     store: St,
     take_over: bool,
+    wait: Option<(Duration, OutcomeSignal)>,
 }
 
 impl<St: TransactionalStore> IdempotencyLayer<TransactionMode<St>> {
@@ -92,7 +93,15 @@ impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
         Self::with_mode(LeaseMode {
             store,
             take_over: true,
+            wait: None,
         })
+    }
+
+    /// Lets a duplicate wait up to `max` for the original's outcome, woken by `signal` (not by
+    /// polling), instead of taking `409` at once. Past `max` it gets the `409`.
+    pub fn with_outcome_wait(mut self, max: Duration, signal: OutcomeSignal) -> Self {
+        self.mode_mut().wait = Some((max, signal));
+        self
     }
 
     /// Never takes over a claim whose lease ran out: retries get `409` until a reconciler
@@ -248,30 +257,63 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         ResBody::Error: fmt::Display,
     {
         let take_over = self.take_over;
+        let wait = self.wait;
         let store = self.store;
         let policy = claim.policy.clone();
-        let mut new = NewClaim::new(
-            claim.scope.clone(),
-            claim.fingerprint,
-            claim.token,
-            claim.now,
-            &policy,
-        );
-        new.take_over_expired_lease = take_over;
+        let label = claim.scope.log_label();
         request.extensions_mut().insert(claim.scope.clone());
-        match store.claim(&new).await {
-            Ok(ClaimOutcome::Claimed) => {}
-            Ok(ClaimOutcome::Existing(record)) => {
-                return Ok(match decide(Some(&record), &claim.fingerprint, claim.now) {
-                    Decision::Replay(stored) => {
-                        count("replay");
-                        replay(stored)
+        let deadline = wait
+            .as_ref()
+            .map(|(max, _)| tokio::time::Instant::now() + *max);
+        loop {
+            let now = claim.clock.now();
+            let mut new = NewClaim::new(
+                claim.scope.clone(),
+                claim.fingerprint,
+                claim.token,
+                now,
+                &policy,
+            );
+            new.take_over_expired_lease = take_over;
+            // Listen before claiming, so an outcome stored in between still wakes us.
+            let mut woken = wait.as_ref().map(|(_, signal)| signal.listen(&label));
+            let record = match store.claim(&new).await {
+                Ok(ClaimOutcome::Claimed) => {
+                    drop(woken);
+                    if let Some((_, signal)) = &wait {
+                        signal.forget_if_unused(&label);
                     }
-                    Decision::Mismatch => mismatch(&claim.scope),
-                    other => in_use(&other),
-                });
+                    break;
+                }
+                Ok(ClaimOutcome::Existing(record)) => record,
+                Err(e) => return Ok(store_unavailable(&e)),
+            };
+            let decision = decide(Some(&record), &claim.fingerprint, now);
+            if !matches!(decision, Decision::InFlight { .. })
+                && let Some((_, signal)) = &wait
+            {
+                // Not going to wait: leave no entry behind.
+                drop(woken.take());
+                signal.forget_if_unused(&label);
             }
-            Err(e) => return Ok(store_unavailable(&e)),
+            match (&decision, woken, deadline) {
+                (Decision::InFlight { .. }, Some(woken), Some(deadline)) => {
+                    count("waited");
+                    if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                        if let Some((_, signal)) = &wait {
+                            signal.forget_if_unused(&label);
+                        }
+                        return Ok(in_use(&decision));
+                    }
+                    // Woken: the outcome landed (or the key was released); look again.
+                }
+                (Decision::Replay(stored), ..) => {
+                    count("replay");
+                    return Ok(replay(stored));
+                }
+                (Decision::Mismatch, ..) => return Ok(mismatch(&claim.scope)),
+                _ => return Ok(in_use(&decision)),
+            }
         }
 
         // Renew the lease while the work runs, so a slow call is not taken over.
@@ -318,6 +360,11 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             Outcome::Release => store.release(&claim.scope, claim.token).await,
             Outcome::Unknown => Ok(true),
         };
+        if outcome != Outcome::Unknown
+            && let Some((_, signal)) = &wait
+        {
+            signal.wake(&label);
+        }
         match stored_ok {
             Ok(true) => {}
             Ok(false) => {

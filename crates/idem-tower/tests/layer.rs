@@ -492,3 +492,83 @@ async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
     assert_eq!(&body[..], b"reconciled");
     assert_eq!(app.calls(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_an_outcome_wait_a_duplicate_waits_and_replays_instead_of_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("w.db")).await.unwrap();
+    let handler = Handler::new();
+    let signal = idem_tower::OutcomeSignal::default();
+    let router = Router::new()
+        .route("/work", post(lease_handler))
+        .layer(
+            IdempotencyLayer::leased(store)
+                .with_outcome_wait(Duration::from_secs(10), signal.clone()),
+        )
+        .with_state(handler.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/work", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let client = reqwest::Client::new();
+    let post = |key: &'static str| {
+        client
+            .post(&url)
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(r#"{"gate": true}"#)
+            .send()
+    };
+    let original = tokio::spawn(post("waiting-key-001"));
+    handler.entered.notified().await;
+    let duplicate = tokio::spawn(post("waiting-key-001"));
+    // Release the original only once the duplicate is parked on the signal (it would have had
+    // its 409 long before without the wait).
+    let parked = tokio::time::Instant::now() + Duration::from_secs(5);
+    while signal.waiting() == 0 {
+        assert!(
+            tokio::time::Instant::now() < parked,
+            "the duplicate never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    handler.gate.add_permits(1);
+    let original = original.await.unwrap().unwrap();
+    let duplicate = duplicate.await.unwrap().unwrap();
+    assert_eq!(signal.waiting(), 0, "no entry is left behind");
+    assert_eq!(original.status(), 201);
+    assert_eq!(duplicate.status(), 201);
+    assert!(replayed(duplicate.headers()));
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outcome_wait_is_bounded_then_409() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("w.db")).await.unwrap();
+    let handler = Handler::new();
+    let router = Router::new()
+        .route("/work", post(lease_handler))
+        .layer(IdempotencyLayer::leased(store).with_outcome_wait(
+            Duration::from_millis(200),
+            idem_tower::OutcomeSignal::default(),
+        ))
+        .with_state(handler.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/work", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let client = reqwest::Client::new();
+    let send = || {
+        client
+            .post(&url)
+            .header("idempotency-key", "bounded-wait-01")
+            .header("content-type", "application/json")
+            .body(r#"{"gate": true}"#)
+            .send()
+    };
+    let original = tokio::spawn(send());
+    handler.entered.notified().await;
+    let duplicate = send().await.unwrap();
+    assert_eq!(duplicate.status(), 409);
+    handler.gate.add_permits(1);
+    assert_eq!(original.await.unwrap().unwrap().status(), 201);
+}

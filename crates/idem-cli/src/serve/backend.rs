@@ -5,6 +5,7 @@ use std::future::Future;
 
 use anyhow::Context as _;
 use idem_store::{AdminStore, PgStore, PgTx, SqliteStore, SqliteTx, TransactionalStore};
+use idem_tower::OutcomeSignal;
 use serde::Serialize;
 use sqlx::Row;
 
@@ -75,6 +76,10 @@ pub(crate) trait Backend: TransactionalStore + AdminStore {
 
     /// Checks that the database answers.
     fn ping(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The signal that wakes duplicates waiting for an outcome, relayed between every process
+    /// on this database where the database can relay.
+    fn outcome_signal(&self) -> impl Future<Output = anyhow::Result<OutcomeSignal>> + Send;
 }
 
 fn payment_from_row<R: Row>(row: &R) -> Result<Payment, sqlx::Error>
@@ -212,6 +217,11 @@ impl Backend for SqliteStore {
             .await
             .map(|_| ())
     }
+
+    /// One SQLite file serves one process: waking this process's waiters is enough.
+    async fn outcome_signal(&self) -> anyhow::Result<OutcomeSignal> {
+        Ok(OutcomeSignal::default())
+    }
 }
 
 // Times are Unix milliseconds in the API and `timestamptz` in PostgreSQL; these convert
@@ -340,6 +350,44 @@ impl Backend for PgStore {
             .execute(self.pool())
             .await
             .map(|_| ())
+    }
+
+    /// Relays wake-ups through `NOTIFY idem_outcome, '<key label>'`, which every instance
+    /// `LISTEN`s to, so a duplicate waiting on one instance wakes when another stores the
+    /// outcome.
+    async fn outcome_signal(&self) -> anyhow::Result<OutcomeSignal> {
+        let pool = self.pool().clone();
+        let signal = OutcomeSignal::with_publisher(move |label| {
+            let (pool, label) = (pool.clone(), label.to_owned());
+            tokio::spawn(async move {
+                if let Err(e) = sqlx::query("SELECT pg_notify('idem_outcome', $1)")
+                    .bind(&label)
+                    .execute(&pool)
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not relay an outcome wake-up");
+                }
+            });
+        });
+        let mut listener = sqlx::postgres::PgListener::connect_with(self.pool())
+            .await
+            .context("cannot LISTEN for outcome wake-ups")?;
+        listener.listen("idem_outcome").await?;
+        let relay = signal.clone();
+        tokio::spawn(async move {
+            // PgListener reconnects by itself after a lost connection; a wake-up missed then
+            // only makes a waiter wait out its bound and answer 409.
+            loop {
+                match listener.recv().await {
+                    Ok(notification) => relay.wake_local(notification.payload()),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "outcome wake-up listener failed");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                }
+            }
+        });
+        Ok(signal)
     }
 }
 

@@ -64,6 +64,11 @@ pub struct ServeArgs {
     /// are reconciled this long after it stopped renewing.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub lease_secs: u64,
+    /// Let a duplicate payout wait up to this many seconds for the original's outcome
+    /// (woken by a notification, LISTEN/NOTIFY on PostgreSQL) instead of answering 409 at
+    /// once; 0 answers 409 at once.
+    #[arg(long, default_value_t = 0)]
+    pub wait_for_outcome_secs: u64,
     /// Freeze every payout at this point (for crash tests).
     #[arg(long, hide = true)]
     pub fault_pause: Option<PausePoint>,
@@ -97,6 +102,8 @@ pub struct ServeConfig {
     pub fault_pause: Option<PausePoint>,
     /// How often stale payouts are reconciled (default: half the lease).
     pub reconcile_every: Option<Duration>,
+    /// How long a duplicate payout waits for the original's outcome (zero: `409` at once).
+    pub wait_for_outcome: Duration,
 }
 
 /// The sandbox tokens registered when none are given.
@@ -118,6 +125,7 @@ impl ServeConfig {
             psp_timeout: Duration::from_secs(10),
             fault_pause: None,
             reconcile_every: None,
+            wait_for_outcome: Duration::ZERO,
         }
     }
 
@@ -137,6 +145,7 @@ impl ServeConfig {
         config.psp_url = args.psp_url.clone();
         config.psp_timeout = Duration::from_secs(args.psp_timeout_secs);
         config.fault_pause = args.fault_pause;
+        config.wait_for_outcome = Duration::from_secs(args.wait_for_outcome_secs);
         config
     }
 }
@@ -199,7 +208,9 @@ async fn serve_on<B: Backend>(
             url
         }
     };
+    let signal = store.outcome_signal().await?;
     let app = App {
+        signal: signal.clone(),
         store,
         policy: Arc::new(config.policy.clone()),
         clock: config.clock.clone(),
@@ -241,7 +252,8 @@ async fn serve_on<B: Backend>(
             let mut ticks = tokio::time::interval(every);
             loop {
                 ticks.tick().await;
-                if let Err(e) = payouts::reconcile(&store, &provider, clock.as_ref()).await {
+                if let Err(e) = payouts::reconcile(&store, &provider, clock.as_ref(), &signal).await
+                {
                     tracing::warn!(error = %e, "reconciling payouts failed");
                 }
             }
@@ -266,6 +278,7 @@ pub(crate) struct App<B> {
     pub(crate) clock: Arc<dyn Clock>,
     metrics: PrometheusHandle,
     pub(crate) provider: payouts::Provider,
+    pub(crate) signal: idem_tower::OutcomeSignal,
 }
 
 impl<B: Backend> App<B> {
@@ -275,8 +288,11 @@ impl<B: Backend> App<B> {
             .with_clock(ClockRef(config.clock.clone()));
         // Payouts call the provider: lease mode, and a crashed worker's payout is reconciled
         // with the provider rather than run again.
-        let leased = IdempotencyLayer::leased(self.store.clone())
-            .without_takeover()
+        let mut leased = IdempotencyLayer::leased(self.store.clone()).without_takeover();
+        if !config.wait_for_outcome.is_zero() {
+            leased = leased.with_outcome_wait(config.wait_for_outcome, self.signal.clone());
+        }
+        let leased = leased
             .with_policy(config.policy.clone())
             .with_clock(ClockRef(config.clock.clone()));
         let tokens = Arc::new(config.tokens.clone());

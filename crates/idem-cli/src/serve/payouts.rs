@@ -216,6 +216,7 @@ pub(crate) async fn reconcile<B: Backend>(
     store: &B,
     provider: &Provider,
     clock: &dyn Clock,
+    signal: &idem_tower::OutcomeSignal,
 ) -> anyhow::Result<usize> {
     let stale = store
         .list(&RecordFilter {
@@ -231,6 +232,8 @@ pub(crate) async fn reconcile<B: Backend>(
         tracing::info!(key = %record.scope.log_label(), ?result, "reconciled a stale payout");
         if result != Reconciled::Unknown {
             resolved += 1;
+            // Duplicates waiting for this payout learn its outcome now.
+            signal.wake(&record.scope.log_label());
         }
     }
     Ok(resolved)
