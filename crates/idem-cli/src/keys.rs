@@ -132,7 +132,7 @@ async fn act<S: AdminStore>(store: &S, action: KeysAction) -> anyhow::Result<Exi
                     record.scope.account.as_str(),
                     record.scope.key.as_str(),
                     state,
-                    age(now, record.created_at),
+                    age(record.created_at, now),
                     lease,
                     &record.fingerprint.to_string()[..16],
                     outcome
@@ -151,7 +151,7 @@ async fn act<S: AdminStore>(store: &S, action: KeysAction) -> anyhow::Result<Exi
             println!("account      {}", record.scope.account.as_str());
             println!("key          {}", record.scope.key.as_str());
             println!("state        {state}");
-            println!("age          {}", age(now, record.created_at));
+            println!("age          {}", age(record.created_at, now));
             println!("expires in   {}", age(now, record.expires_at));
             println!("lease        {lease}");
             println!("fingerprint  {}", record.fingerprint);
