@@ -59,6 +59,10 @@ pub struct ProxyArgs {
     /// How long the upstream may take, in seconds.
     #[arg(long, default_value_t = 30)]
     pub upstream_timeout_secs: u64,
+    /// Serve the proxy's own `/healthz` and `/metrics` on this address instead of on the
+    /// main listener (where they shadow the upstream's paths of the same names).
+    #[arg(long)]
+    pub admin_listen: Option<std::net::SocketAddr>,
     /// How long a key is remembered, in seconds.
     #[arg(long, default_value_t = 24 * 60 * 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_secs: u64,
@@ -102,6 +106,14 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let admin = match args.admin_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?,
+        ),
+        None => None,
+    };
     println!(
         "idem proxy: listening on http://{} -> {} (store {})",
         listener.local_addr()?,
@@ -113,17 +125,17 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         let store = SqliteStore::connect(url)
             .await
             .with_context(|| format!("cannot open the store {url}"))?;
-        run_on(listener, store, config).await
+        run_on(listener, admin, store, config).await
     } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
         let store = PgStore::connect(url)
             .await
             .with_context(|| format!("cannot open the store {}", redact(url)))?;
-        run_on(listener, store, config).await
+        run_on(listener, admin, store, config).await
     } else if url.starts_with("redis:") || url.starts_with("rediss:") {
         let store = RedisStore::connect(url, args.redis_prefix.clone())
             .await
             .with_context(|| format!("cannot open the store {}", redact(url)))?;
-        run_on(listener, store, config).await
+        run_on(listener, admin, store, config).await
     } else {
         anyhow::bail!(
             "unsupported store URL {:?}: expected sqlite://PATH, postgres://… or redis://…",
@@ -134,11 +146,64 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_on<St: Store>(
     listener: TcpListener,
+    admin: Option<TcpListener>,
     store: St,
     config: GatewayConfig,
 ) -> anyhow::Result<ExitCode> {
-    idem_gateway::serve(listener, store, config, shutdown_signal())
+    let admin_routes = admin_router(store.clone());
+    let gateway = idem_gateway::router(store, config);
+    let app = match admin {
+        Some(admin) => {
+            tokio::spawn(async move { axum::serve(admin, admin_routes).await });
+            gateway
+        }
+        // Routes win over the gateway's fallback, so these two paths are the proxy's own.
+        None => admin_routes.merge(gateway),
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
         .await
         .context("the gateway failed")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `/healthz` (the store answers) and `/metrics` (Prometheus text).
+fn admin_router<St: Store>(store: St) -> axum::Router {
+    use axum::response::IntoResponse;
+    let metrics = crate::serve::metrics_handle();
+    axum::Router::new()
+        .route(
+            "/healthz",
+            axum::routing::get(move || {
+                let store = store.clone();
+                async move {
+                    // A read of a key nobody uses: it proves the store answers.
+                    let probe = idem_core::Scope::new(
+                        idem_core::AccountId::new("idem-healthz"),
+                        idem_core::IdempotencyKey::new("healthz-probe", Default::default())
+                            .expect("a valid key"),
+                    );
+                    match store.get(&probe).await {
+                        Ok(_) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
+                        Err(e) => (
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            axum::Json(serde_json::json!({"status": "unavailable", "error": e.to_string()})),
+                        )
+                            .into_response(),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                        metrics.render(),
+                    )
+                }
+            }),
+        )
 }

@@ -335,7 +335,7 @@ impl Clock for ClockRef {
 }
 
 /// The process has one metrics recorder; every server in it (tests start several) shares it.
-fn metrics_handle() -> PrometheusHandle {
+pub(crate) fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {

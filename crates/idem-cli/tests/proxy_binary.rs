@@ -1,0 +1,134 @@
+//! The `idem proxy` binary: start-up, its own `/healthz` and `/metrics`, and a replay through it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+struct Proxy(Child);
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_proxy(dir: &std::path::Path, upstream: &str, extra: &[&str]) -> (Proxy, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        .args(extra)
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    std::thread::spawn(move || lines.for_each(drop));
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap()
+        .to_owned();
+    (Proxy(child), url)
+}
+
+async fn start_upstream() -> String {
+    let app = axum::Router::new().route(
+        "/orders",
+        axum::routing::post(|| async { (axum::http::StatusCode::CREATED, "order-1") }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test]
+async fn the_proxy_answers_health_and_metrics_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = start_upstream().await;
+    let (_proxy, url) = start_proxy(dir.path(), &upstream, &[]);
+    let client = reqwest::Client::new();
+    let health: serde_json::Value = client
+        .get(format!("{url}/healthz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "ok");
+    for _ in 0..2 {
+        let answer = client
+            .post(format!("{url}/orders"))
+            .header("authorization", "Bearer t1")
+            .header("idempotency-key", "order-key-0001")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 201);
+    }
+    let metrics = client
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("idem_requests_total{outcome=\"replay\"}"),
+        "{metrics}"
+    );
+    // The secret was generated and kept, readable by its owner only.
+    let secret = dir.path().join("idem-proxy.secret");
+    assert!(secret.exists());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(secret).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+#[tokio::test]
+async fn with_admin_listen_health_moves_off_the_main_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = start_upstream().await;
+    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin_addr = admin.local_addr().unwrap();
+    drop(admin);
+    let (_proxy, url) = start_proxy(
+        dir.path(),
+        &upstream,
+        &["--admin-listen", &admin_addr.to_string()],
+    );
+    let client = reqwest::Client::new();
+    // The main listener passes /healthz to the upstream (which has no such route).
+    let main = client.get(format!("{url}/healthz")).send().await.unwrap();
+    assert_eq!(main.status(), 404);
+    let admin = client
+        .get(format!("http://{admin_addr}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(admin.status(), 200);
+}
+
+#[test]
+fn a_bad_store_url_fails_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+        ])
+        .args(["--store", "mysql://x"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported store URL"));
+}
