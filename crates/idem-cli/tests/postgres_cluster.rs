@@ -414,7 +414,7 @@ fn logs(instances: &[Serve]) -> Vec<String> {
 async fn two_instances_on_one_database_make_one_payment_per_key_and_replay_every_copy() {
     let _one = ONE_AT_A_TIME.lock().await;
     let db = PgDatabase::create().await;
-    let instances = [Serve::start(&db.url).await, Serve::start(&db.url).await];
+    let instances = [Serve::start(db.url()).await, Serve::start(db.url()).await];
     let load = Load::new(
         &instances,
         "burst",
@@ -428,7 +428,7 @@ async fn two_instances_on_one_database_make_one_payment_per_key_and_replay_every
 
     assert_only_payments_and_refusals(&seen, false, &logs(&instances));
     assert_one_fresh_answer_per_key(&finals);
-    let payments = assert_one_payment_per_key(&db.url, &load, &seen).await;
+    let payments = assert_one_payment_per_key(db.url(), &load, &seen).await;
     assert_eq!(payments, KEYS);
     let per_instance: Vec<usize> = (0..2)
         .map(|i| finals.iter().filter(|s| s.instance == i).count())
@@ -449,7 +449,7 @@ async fn two_instances_on_one_database_make_one_payment_per_key_and_replay_every
 async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_replays() {
     let _one = ONE_AT_A_TIME.lock().await;
     let db = PgDatabase::create().await;
-    let instances = [Serve::start(&db.url).await, Serve::start(&db.url).await];
+    let instances = [Serve::start(db.url()).await, Serve::start(db.url()).await];
     let deadline = Instant::now() + Duration::from_secs(20);
     let load = Load::new(&instances, "held", deadline);
 
@@ -457,7 +457,7 @@ async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_rep
     // the key's row, uncommitted, so every copy's claim blocks on it. From outside, a copy
     // that waited and one that came after the commit both just replay; holding the row makes
     // every copy wait.
-    let mut original = PgConnection::connect(&db.url).await.expect("connect");
+    let mut original = PgConnection::connect(db.url()).await.expect("connect");
     let mut running = original.begin().await.expect("begin");
     sqlx::query(
         "INSERT INTO idempotency_keys
@@ -477,7 +477,7 @@ async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_rep
         join_all((0..COPIES).map(|copy| load.copy(0, copy % 2))),
         async {
             lock_waiters(
-                &db.url,
+                db.url(),
                 "INSERT INTO idempotency_keys",
                 COPIES as i64,
                 deadline,
@@ -507,7 +507,7 @@ async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_rep
         "{:?}",
         tally(&finals)
     );
-    assert_eq!(assert_one_payment_per_key(&db.url, &load, &seen).await, 1);
+    assert_eq!(assert_one_payment_per_key(db.url(), &load, &seen).await, 1);
     original.close().await.expect("close");
 
     eprintln!(
@@ -522,7 +522,7 @@ async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_rep
 async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in_progress() {
     let _one = ONE_AT_A_TIME.lock().await;
     let db = PgDatabase::create().await;
-    let mut instances = [Serve::start(&db.url).await, Serve::start(&db.url).await];
+    let mut instances = [Serve::start(db.url()).await, Serve::start(db.url()).await];
     let load = Load::new(&instances, "kill", Instant::now() + Duration::from_secs(30));
     // A quarter of the burst answered: the rest is in flight, much of it on instance 0.
     let kill_after = KEYS * COPIES / 4;
@@ -548,7 +548,7 @@ async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in
 
     assert_only_payments_and_refusals(&seen, true, &logs);
     assert_one_fresh_answer_per_key(&finals);
-    let payments = assert_one_payment_per_key(&db.url, &load, &seen).await;
+    let payments = assert_one_payment_per_key(db.url(), &load, &seen).await;
     assert_eq!(payments, KEYS);
     assert!(in_flight > 0, "the kill came after the burst");
     let cut: Vec<&Seen> = seen.iter().filter(|s| s.status.is_none()).collect();

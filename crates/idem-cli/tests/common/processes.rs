@@ -10,11 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 use tokio::sync::oneshot;
-
-/// The shared server, as idem-store's PostgreSQL tests reach it.
-const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /// Where Debian puts PostgreSQL 15's server programs.
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
@@ -22,90 +18,9 @@ const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 /// How long a child may take to start before the test gives up on it.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The shared server's admin URL (`IDEM_TEST_PG_URL`, as for idem-store's tests).
-pub fn shared_admin_url() -> String {
-    std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned())
-}
-
-/// `url` with its database replaced by `database`, keeping any query parameters.
-pub fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[authority..].find('/') {
-        Some(slash) => &base[..authority + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{base}/{database}?{query}"),
-        None => format!("{base}/{database}"),
-    }
-}
-
 /// A database of one test on the shared server; dropping it drops the database.
-pub struct PgDatabase {
-    pub url: String,
-    name: String,
-    admin_url: String,
-}
-
-impl PgDatabase {
-    pub async fn create() -> Self {
-        let admin_url = shared_admin_url();
-        // A UUID's simple form needs no quoting; template0 is never connected to, so copying it
-        // cannot fail because another test holds a session on it.
-        let name = format!("idem_test_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(&admin_url)
-            .await
-            .expect("connect to the shared test server (set IDEM_TEST_PG_URL)");
-        admin
-            .execute(AssertSqlSafe(format!(
-                "CREATE DATABASE {name} TEMPLATE template0"
-            )))
-            .await
-            .expect("create the test database");
-        admin.close().await.expect("close the admin connection");
-        Self {
-            url: with_database(&admin_url, &name),
-            name,
-            admin_url,
-        }
-    }
-}
-
-impl Drop for PgDatabase {
-    fn drop(&mut self) {
-        // Drop cannot await, and a runtime cannot block on itself: the drop runs on a thread
-        // with a runtime of its own. FORCE ends the sessions a killed child may have left.
-        let (name, admin_url) = (self.name.clone(), self.admin_url.clone());
-        let dropped = std::thread::spawn(
-            move || -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async {
-                    let mut admin = PgConnection::connect(&admin_url).await?;
-                    admin
-                        .execute(AssertSqlSafe(format!(
-                            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                        )))
-                        .await?;
-                    admin.close().await?;
-                    Ok(())
-                })
-            },
-        )
-        .join();
-        // No panic: this may run while a failed test unwinds, and a second panic aborts.
-        match dropped {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
-            Err(_) => eprintln!("dropping test database {} panicked", self.name),
-        }
-    }
-}
+#[allow(unused_imports)] // not every test binary that includes this module uses it
+pub use idem_store::testing::PgTestDatabase as PgDatabase;
 
 /// A running `idem serve` process; dropping it kills the process.
 pub struct Serve {
