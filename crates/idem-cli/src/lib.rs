@@ -21,6 +21,7 @@ pub mod fake_psp;
 pub mod keys;
 pub mod proxy;
 pub mod serve;
+pub mod server;
 pub mod simulate;
 
 /// idem: safe retries for payment and order APIs.

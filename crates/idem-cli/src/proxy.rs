@@ -160,10 +160,14 @@ async fn run_on<St: Store>(
         // Routes win over the gateway's fallback, so these two paths are the proxy's own.
         None => admin_routes.merge(gateway),
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("the gateway failed")?;
+    crate::server::serve(
+        listener,
+        app,
+        crate::server::HEAD_TIMEOUT,
+        shutdown_signal(),
+    )
+    .await
+    .context("the gateway failed")?;
     Ok(ExitCode::SUCCESS)
 }
 

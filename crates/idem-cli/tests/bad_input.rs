@@ -357,3 +357,24 @@ async fn a_valid_request_on_the_same_path_is_stored() {
     assert_eq!(server.payments().await, 1);
     server.stop().await;
 }
+
+/// A client that sends half a request head, or nothing, loses its connection after the head
+/// deadline instead of holding it forever (a slowloris).
+#[tokio::test]
+async fn a_request_head_that_never_completes_is_closed() {
+    let server = TestServer::start_with(|c| c.head_timeout = Duration::from_millis(500)).await;
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    for partial in [
+        &b"POST /payments HTTP/1.1\r\nHost: x\r\nIdempot"[..],
+        &b""[..],
+    ] {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        socket.write_all(partial).await.unwrap();
+        let mut rest = Vec::new();
+        // EOF or a reset: either way the server ended it, well before the test's own limit.
+        let _ended = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut rest))
+            .await
+            .expect("closed by the server, not left hanging");
+    }
+    assert_eq!((server.keys().await, server.payments().await), (0, 0));
+}

@@ -104,6 +104,8 @@ pub struct ServeConfig {
     pub reconcile_every: Option<Duration>,
     /// How long a duplicate payout waits for the original's outcome (zero: `409` at once).
     pub wait_for_outcome: Duration,
+    /// How long a client may take to send a request head.
+    pub head_timeout: Duration,
 }
 
 /// The sandbox tokens registered when none are given.
@@ -126,6 +128,7 @@ impl ServeConfig {
             fault_pause: None,
             reconcile_every: None,
             wait_for_outcome: Duration::ZERO,
+            head_timeout: crate::server::HEAD_TIMEOUT,
         }
     }
 
@@ -261,8 +264,7 @@ async fn serve_on<B: Backend>(
     };
 
     let router = app.router(config);
-    let result = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
+    let result = crate::server::serve(listener, router, config.head_timeout, shutdown)
         .await
         .context("the server failed");
     sweeper.abort();
