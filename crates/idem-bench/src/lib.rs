@@ -1,0 +1,278 @@
+//! What idem costs, measured as ratios that hold on a noisy shared machine.
+//!
+//! One command runs every workload and prints a table (or `--json`):
+//!
+//! ```text
+//! cargo run --release -p idem-bench
+//! cargo run --release -p idem-bench -- --quick --only serve-sqlite,gateway-sqlite --json
+//! ```
+//!
+//! Each workload compares two variants under the same load: a fixed number of keep-alive
+//! HTTP/1.1 connections (the harness's own hyper client), each sending one POST after another
+//! for a fixed time. Variants of a group are alternated round by round, in rotating order, and
+//! a row reports the median over rounds of each side's throughput and latency percentiles, and
+//! the median of the per-round throughput ratios B/A. CPU per request by component (idem's
+//! threads, PostgreSQL, Redis, a peer, the load generator) is read from `/proc` over each
+//! window, so a row also says where the time goes.
+//!
+//! The rows: the layer against a bare handler doing the same INSERT (SQLite, PostgreSQL);
+//! `idem serve` against `pgbench` running its SQL transaction; replays against first requests;
+//! `idem proxy` against the upstream alone (SQLite, PostgreSQL, Redis); `idem proxy` against
+//! `idempotent-proxy-server`; idem's layer against `express-idempotency`. The peers are
+//! installed into `$HOME/.cache/idem-bench-peers` on first use; a row whose dependency is
+//! missing says so and is skipped. The core's micro-benchmarks are timed too (and run under
+//! criterion with `cargo bench -p idem-bench`).
+//!
+//! ```no_run
+//! use clap::Parser as _;
+//! let args = idem_bench::Args::parse_from(["idem-bench", "--quick", "--only", "micro"]);
+//! let code = idem_bench::run(args)?;
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Parser;
+use tokio::runtime::Handle;
+
+mod cpu;
+mod load;
+pub mod micro;
+mod peers;
+mod pgbench;
+pub mod report;
+pub mod runner;
+mod servers;
+mod stats;
+pub mod workloads;
+
+pub use load::Sample;
+pub use report::Report;
+pub use workloads::Group;
+
+/// `idem-bench` flags.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "idem-bench",
+    version,
+    about = "What idem costs: A/B workloads and micro-benchmarks"
+)]
+pub struct Args {
+    /// Smoke mode: two short rounds per variant (a few seconds per workload).
+    #[arg(long)]
+    pub quick: bool,
+    /// Print the report as JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Run only these groups (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Group>,
+    /// Rounds per variant (default 4; 2 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rounds: Option<u64>,
+    /// Measured seconds per run (default 4; 1 with --quick).
+    #[arg(long)]
+    pub duration_secs: Option<f64>,
+    /// Unmeasured seconds before each run's window (default 1; 0.5 with --quick).
+    #[arg(long)]
+    pub warmup_secs: Option<f64>,
+    /// Concurrent connections (and pgbench clients).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub concurrency: u64,
+    /// The Redis server for the Redis workloads. PostgreSQL workloads make throwaway databases
+    /// on the server at IDEM_TEST_PG_URL (default postgres://postgres@127.0.0.1:5432/postgres).
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// Where peers are installed (default $HOME/.cache/idem-bench-peers).
+    #[arg(long)]
+    pub peers_dir: Option<PathBuf>,
+    /// Do not install or run the peers.
+    #[arg(long)]
+    pub no_peers: bool,
+    /// Run only these variants of the selected groups (ids such as `idem`, `bare`, `pgbench`),
+    /// for profiling one at a time.
+    #[arg(long, value_delimiter = ',', hide = true)]
+    pub variants: Vec<String>,
+    /// Also write the JSON report to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json_file: Option<PathBuf>,
+}
+
+/// The validated settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) groups: Vec<Group>,
+    pub(crate) quick: bool,
+    pub(crate) rounds: usize,
+    pub(crate) duration: Duration,
+    pub(crate) warmup: Duration,
+    pub(crate) concurrency: usize,
+    pub(crate) redis_url: String,
+    pub(crate) peers_dir: Option<PathBuf>,
+    pub(crate) no_peers: bool,
+    pub(crate) variants: Vec<String>,
+}
+
+impl Settings {
+    fn from_args(args: &Args) -> anyhow::Result<Self> {
+        let seconds = |value: Option<f64>, full: f64, quick: f64, name: &str| {
+            let secs = value.unwrap_or(if args.quick { quick } else { full });
+            anyhow::ensure!(
+                secs.is_finite() && (0.0..=3600.0).contains(&secs),
+                "--{name} must be between 0 and 3600 seconds"
+            );
+            Ok(Duration::from_secs_f64(secs))
+        };
+        let duration = seconds(args.duration_secs, 4.0, 1.0, "duration-secs")?;
+        anyhow::ensure!(
+            duration >= Duration::from_millis(100),
+            "--duration-secs must be at least 0.1"
+        );
+        let groups = if args.only.is_empty() {
+            Group::ALL.to_vec()
+        } else {
+            // In the full command's order, each once.
+            Group::ALL
+                .into_iter()
+                .filter(|g| args.only.contains(g))
+                .collect()
+        };
+        Ok(Self {
+            groups,
+            quick: args.quick,
+            rounds: args.rounds.unwrap_or(if args.quick { 2 } else { 4 }) as usize,
+            duration,
+            warmup: seconds(args.warmup_secs, 1.0, 0.5, "warmup-secs")?,
+            concurrency: args.concurrency as usize,
+            redis_url: args.redis_url.clone(),
+            peers_dir: args.peers_dir.clone(),
+            no_peers: args.no_peers,
+            variants: args.variants.clone(),
+        })
+    }
+}
+
+/// The runtimes: servers under test, the upstream, and the load generator each get their own
+/// threads, so none of them is scheduled behind another's tasks, and a peer server (a process
+/// of its own) is compared on equal terms.
+#[derive(Debug, Clone)]
+pub(crate) struct Runtimes {
+    pub(crate) subject: Handle,
+    pub(crate) upstream: Handle,
+    pub(crate) load: Handle,
+}
+
+fn runtime(name: &'static str) -> anyhow::Result<tokio::runtime::Runtime> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .with_context(|| format!("cannot start the {name} runtime"))
+}
+
+/// Runs the selected workloads and prints the report. Returns failure when a workload failed
+/// (not when a target was missed, nor when a dependency was missing and a row was skipped).
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let settings = Settings::from_args(&args)?;
+    let report = measure(settings)?;
+    if let Some(path) = &args.json_file {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    let failed = report
+        .rows
+        .iter()
+        .any(|r| r.status == runner::Status::Failed);
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Runs the workloads `settings` select.
+fn measure(settings: Settings) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let machine = report::Machine::read();
+    let subject = runtime(cpu::SUBJECT_THREADS)?;
+    let upstream = runtime(cpu::UPSTREAM_THREADS)?;
+    let load = runtime(cpu::LOAD_THREADS)?;
+    // The orchestration (timers, child processes) runs on the main thread.
+    let main = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+
+    let total: u64 = settings
+        .groups
+        .iter()
+        .map(|g| runner::planned_ms(*g, &settings))
+        .sum();
+    let progress = indicatif::ProgressBar::new(total);
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} ETA {eta} {msg}",
+        )
+        .expect("a valid template"),
+    );
+    progress.enable_steady_tick(Duration::from_millis(200));
+
+    let env = workloads::Env {
+        runtimes: Runtimes {
+            subject: subject.handle().clone(),
+            upstream: upstream.handle().clone(),
+            load: load.handle().clone(),
+        },
+        tag: format!("ib{}", &uuid::Uuid::new_v4().simple().to_string()[..10]),
+        progress: progress.clone(),
+        settings: settings.clone(),
+    };
+
+    let mut micro = Vec::new();
+    let mut rows = Vec::new();
+    for group in &settings.groups {
+        if *group == Group::Micro {
+            progress.set_message("core micro-benchmarks");
+            let budget = if settings.quick {
+                Duration::from_millis(20)
+            } else {
+                Duration::from_millis(300)
+            };
+            micro = micro::cases()
+                .into_iter()
+                .map(|case| micro::time(case, budget))
+                .collect();
+            continue;
+        }
+        rows.extend(main.block_on(runner::run_group(&env, *group)));
+    }
+    progress.finish_and_clear();
+    drop(env);
+    // Servers have stopped; do not wait for anything a stuck connection still holds.
+    for rt in [subject, upstream, load] {
+        rt.shutdown_timeout(Duration::from_secs(2));
+    }
+    Ok(Report {
+        version: 1,
+        settings: report::ReportSettings {
+            concurrency: settings.concurrency,
+            rounds: settings.rounds,
+            duration_secs: settings.duration.as_secs_f64(),
+            warmup_secs: settings.warmup.as_secs_f64(),
+            quick: settings.quick,
+        },
+        machine,
+        micro,
+        rows,
+        wall_secs: started.elapsed().as_secs_f64(),
+    })
+}

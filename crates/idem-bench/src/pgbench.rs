@@ -1,0 +1,293 @@
+//! The floor: `pgbench` running the SQL transaction `idem serve` commits for a payment (claim
+//! the key, insert the payment, store the response, commit) with nothing around it; and, to
+//! split the gap, pgbench sending every statement `idem serve` sends.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::process::Command;
+
+use crate::load::{Plan, Sample, histogram};
+
+/// A pgbench workload against one database.
+#[derive(Debug, Clone)]
+pub(crate) struct Pgbench {
+    /// The database, as a libpq URI.
+    url: String,
+    /// Where the script and the transaction logs go.
+    dir: PathBuf,
+    /// Which statements.
+    kind: Script,
+}
+
+/// `pgbench --version`, or why it cannot run.
+pub(crate) async fn available() -> Result<String, String> {
+    match Command::new("pgbench").arg("--version").output().await {
+        Ok(out) if out.status.success() => Ok(String::from_utf8_lossy(&out.stdout).trim().into()),
+        Ok(out) => Err(format!(
+            "pgbench --version failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!("pgbench is not installed ({e})")),
+    }
+}
+
+/// Which statements a pgbench transaction sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Script {
+    /// The transaction the issue names as the floor, five statements: BEGIN, claim the key,
+    /// insert the payment, store the response, COMMIT.
+    Transaction,
+    /// Every statement `idem serve` sends for a first request, nine: the layer's read of the
+    /// key before the transaction, BEGIN, setting the claim's `lock_timeout`, the claim,
+    /// restoring `lock_timeout`, the service's retirement of an expired key's payment, the
+    /// payment, the response, COMMIT. What idem would cost if HTTP and the Rust side were free.
+    IdemStatements,
+}
+
+impl Script {
+    fn file(self) -> &'static str {
+        match self {
+            Script::Transaction => "transaction.sql",
+            Script::IdemStatements => "idem-statements.sql",
+        }
+    }
+}
+
+/// The script: idem's own statements with its values, keys drawn at random so that no two
+/// transactions collide. `now_ms` stands in for the service's clock.
+pub(crate) fn script(kind: Script, now_ms: i64) -> String {
+    let ts = |ms: i64| {
+        format!(
+            "to_timestamp({ms}::bigint / 1000) + ({ms}::bigint % 1000) * interval '1 millisecond'"
+        )
+    };
+    let now = ts(now_ms);
+    let expires = ts(now_ms + 24 * 60 * 60 * 1000);
+    let lease = ts(now_ms + 30 * 1000);
+    let retired_before = ts(now_ms - 24 * 60 * 60 * 1000);
+    let hash = "ab".repeat(32);
+    // About the size of idem serve's 201 body and its stored headers.
+    let body = r#"{"id":"pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e","amount":49900,"currency":"INR","status":"succeeded","created_at":1795992070553}"#;
+    let body_hex: String = body.bytes().map(|b| format!("{b:02x}")).collect();
+    let headers = r#"[["content-type","application/json"],["location","/payments/pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e"]]"#;
+    let claim = format!(
+        r"INSERT INTO idempotency_keys AS k
+    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
+VALUES ('acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n)
+ON CONFLICT (account_id, idem_key) DO UPDATE SET
+    request_hash = excluded.request_hash, status = 'in_progress', response_code = NULL,
+    response_headers = NULL, response_body = NULL, body_omitted = false,
+    created_at = excluded.created_at, expires_at = excluded.expires_at,
+    lease_until = excluded.lease_until, fencing_token = excluded.fencing_token
+WHERE (k.expires_at <= excluded.created_at
+       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
+   OR (true AND k.status = 'in_progress' AND k.lease_until <= excluded.created_at
+       AND k.request_hash = excluded.request_hash)
+RETURNING fencing_token;
+"
+    );
+    let payment = format!(
+        "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, reference, created_at)
+VALUES ('pay_pgbench_' || :n, 'acct_alice', 'pgbench-' || :n, 49900, 'INR', 'succeeded', NULL, {now});
+"
+    );
+    let complete = format!(
+        r"UPDATE idempotency_keys
+SET status = 'completed', response_code = 201, response_headers = '{headers}'::jsonb,
+    response_body = '\x{body_hex}'::bytea, body_omitted = false
+WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND fencing_token = :n
+  AND status = 'in_progress';
+"
+    );
+    let begin = "BEGIN ISOLATION LEVEL READ COMMITTED;\n";
+    let mut out = String::from("\\set n random(1, 9000000000000000000)\n");
+    match kind {
+        Script::Transaction => {
+            for statement in [begin, &claim, &payment, &complete, "COMMIT;\n"] {
+                out.push_str(statement);
+            }
+        }
+        Script::IdemStatements => {
+            let read = "SELECT request_hash, status, response_code, response_headers::text AS response_headers,
+       response_body, body_omitted,
+       (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
+       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
+       (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
+       fencing_token
+FROM idempotency_keys WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n;
+";
+            let set_timeout = "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout)
+SELECT previous.lock_timeout, set_config('lock_timeout', '10000ms', true) FROM previous;
+";
+            let restore = "SELECT set_config('lock_timeout', '0', true);\n";
+            let retire = format!(
+                "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
+WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND created_at <= {retired_before};
+"
+            );
+            for statement in [
+                read,
+                begin,
+                set_timeout,
+                &claim,
+                restore,
+                &retire,
+                &payment,
+                &complete,
+                "COMMIT;\n",
+            ] {
+                out.push_str(statement);
+            }
+        }
+    }
+    out
+}
+
+impl Pgbench {
+    /// Writes the script into `dir`.
+    pub(crate) fn new(url: &str, dir: &Path, kind: Script, now_ms: i64) -> anyhow::Result<Self> {
+        std::fs::write(dir.join(kind.file()), script(kind, now_ms))
+            .context("cannot write the pgbench script")?;
+        Ok(Self {
+            url: url.to_owned(),
+            dir: dir.to_owned(),
+            kind,
+        })
+    }
+
+    /// Runs pgbench with `plan.concurrency` clients for the warm-up and the window, and reads
+    /// throughput and latencies of the window from its per-transaction log.
+    pub(crate) async fn run(&self, plan: Plan, run: &str) -> anyhow::Result<Sample> {
+        // -T takes whole seconds; one more so the window never reaches past the last
+        // transaction (the first one ends a moment after pgbench starts its clock).
+        let total = (plan.warmup + plan.duration).as_secs_f64().ceil() as u64 + 1;
+        let prefix = self.dir.join(format!("log-{run}"));
+        // -M prepared: sqlx prepares its statements too. -j 2: this machine's cores.
+        let out = Command::new("pgbench")
+            .args(["-n", "-M", "prepared", "-j", "2", "-l"])
+            .arg("-c")
+            .arg(plan.concurrency.to_string())
+            .arg("-T")
+            .arg(total.to_string())
+            .arg("-f")
+            .arg(self.dir.join(self.kind.file()))
+            .arg(format!("--log-prefix={}", prefix.display()))
+            .arg(&self.url)
+            .current_dir(&self.dir)
+            .output()
+            .await
+            .context("cannot run pgbench")?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "pgbench failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .rev()
+                    .take(5)
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            );
+        }
+        let mut lines = String::new();
+        let name = format!("log-{run}");
+        for entry in std::fs::read_dir(&self.dir)?.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&name) {
+                lines.push_str(&std::fs::read_to_string(entry.path())?);
+                std::fs::remove_file(entry.path())?;
+            }
+        }
+        parse_log(&lines, plan.warmup, plan.duration)
+    }
+}
+
+/// Reads a pgbench transaction log (`client tx latency_us script epoch epoch_us`): the
+/// transactions that ended within `duration` after `warmup` past the first one's end.
+pub(crate) fn parse_log(log: &str, warmup: Duration, duration: Duration) -> anyhow::Result<Sample> {
+    let mut done = Vec::new();
+    let mut failed = Vec::new();
+    for line in log.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(latency), Some(epoch), Some(micros)) =
+            (fields.get(2), fields.get(4), fields.get(5))
+        else {
+            continue;
+        };
+        let end = epoch.parse::<f64>()? + micros.parse::<f64>()? / 1e6;
+        match latency.parse::<u64>() {
+            Ok(latency) => done.push((end, latency)),
+            // "failed" or "skipped" in place of a latency.
+            Err(_) => failed.push(end),
+        }
+    }
+    let first = done
+        .iter()
+        .map(|(end, _)| *end)
+        .fold(f64::INFINITY, f64::min);
+    anyhow::ensure!(first.is_finite(), "pgbench completed no transaction");
+    let from = first + warmup.as_secs_f64();
+    let to = from + duration.as_secs_f64();
+    let mut latencies = histogram();
+    for (end, latency) in &done {
+        if (from..to).contains(end) {
+            latencies.saturating_record((*latency).max(1));
+        }
+    }
+    let errors = failed
+        .iter()
+        .filter(|end| (from..to).contains(*end))
+        .count() as u64;
+    Ok(Sample::from_histogram(
+        &latencies,
+        duration,
+        errors,
+        (done.len() + failed.len()) as u64,
+        (errors > 0).then(|| format!("{errors} transactions failed")),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_window_starts_after_the_warmup() {
+        let log = "0 0 1000 0 100 0\n0 1 2000 0 100 500000\n1 0 3000 0 101 200000\n1 1 4000 0 102 100000\n";
+        let sample = parse_log(log, Duration::from_millis(400), Duration::from_secs(1)).unwrap();
+        // The window is [100.4, 101.4): the second and third transactions.
+        assert_eq!(sample.requests, 2);
+        assert!((sample.throughput - 2.0).abs() < 1e-9);
+        assert_eq!(sample.total_requests, 4);
+    }
+
+    fn statements(script: &str) -> Vec<&str> {
+        script
+            .split(";\n")
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn idem_statements_are_nine_and_in_order() {
+        let script = script(Script::IdemStatements, 1_795_992_070_553);
+        let statements = statements(&script);
+        assert_eq!(statements.len(), 9, "{script}");
+        assert!(statements[0].contains("SELECT request_hash"));
+        assert!(statements[1].ends_with("BEGIN ISOLATION LEVEL READ COMMITTED"));
+        assert!(statements[3].starts_with("INSERT INTO idempotency_keys"));
+        assert_eq!(statements[8], "COMMIT");
+    }
+
+    #[test]
+    fn the_script_claims_inserts_completes_and_commits() {
+        let script = script(Script::Transaction, 1_795_992_070_553);
+        let statements = statements(&script);
+        assert_eq!(statements.len(), 5, "{script}");
+        assert!(statements[1].contains("INSERT INTO idempotency_keys"));
+        assert!(statements[2].contains("INSERT INTO payments"));
+        assert!(statements[3].starts_with("UPDATE idempotency_keys"));
+        assert_eq!(statements[4], "COMMIT");
+    }
+}

@@ -1,0 +1,279 @@
+//! The report: a table for people, JSON for scripts.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::micro::MicroResult;
+use crate::runner::{Row, Status};
+
+/// Everything one invocation measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The JSON shape's version.
+    pub version: u32,
+    /// How it was measured.
+    pub settings: ReportSettings,
+    /// Where.
+    pub machine: Machine,
+    /// The core's micro-benchmarks.
+    pub micro: Vec<MicroResult>,
+    /// The HTTP workloads.
+    pub rows: Vec<Row>,
+    /// Wall time of the whole invocation, seconds.
+    pub wall_secs: f64,
+}
+
+/// The settings, as reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReportSettings {
+    /// Concurrent connections (pgbench: clients).
+    pub concurrency: usize,
+    /// Rounds per variant.
+    pub rounds: usize,
+    /// Measured seconds per run.
+    pub duration_secs: f64,
+    /// Unmeasured seconds before each run's window.
+    pub warmup_secs: f64,
+    /// Smoke mode.
+    pub quick: bool,
+}
+
+/// The machine the figures come from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// Logical CPUs.
+    pub cpus: usize,
+    /// The 1-minute load average when the run started (other jobs on a shared machine).
+    pub load_average: Option<f64>,
+}
+
+impl Machine {
+    /// Reads the machine.
+    pub fn read() -> Self {
+        Self {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            load_average: std::fs::read_to_string("/proc/loadavg")
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse().ok()),
+        }
+    }
+}
+
+/// Left or right.
+#[derive(Clone, Copy)]
+enum Align {
+    Left,
+    Right,
+}
+
+/// Lays out `rows` under `header` in columns two spaces apart.
+fn columns(header: &[&str], align: &[Align], rows: &[Vec<String>]) -> String {
+    let width = |s: &str| s.chars().count();
+    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(width(cell));
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            let pad = " ".repeat(widths[i] - width(cell));
+            match align[i] {
+                Align::Left => write!(line, "{cell}{pad}  "),
+                Align::Right => write!(line, "{pad}{cell}  "),
+            }
+            .expect("writing to a String");
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn num(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+}
+
+fn pair(a: Option<f64>, b: Option<f64>, decimals: usize) -> String {
+    format!("{}/{}", num(a, decimals), num(b, decimals))
+}
+
+impl Report {
+    /// The table, with a line on how it was measured and notes for rows that did not run.
+    pub fn table(&self) -> String {
+        let s = &self.settings;
+        let mut out = format!(
+            "idem-bench: {} connections; each variant {} rounds of {:.1} s warm-up + {:.1} s measured, \
+             variants of a group alternated in rotating order; medians over rounds, B/A = median of \
+             per-round ratios. {} CPUs, load average {} at start.\n\n",
+            s.concurrency,
+            s.rounds,
+            s.warmup_secs,
+            s.duration_secs,
+            self.machine.cpus,
+            num(self.machine.load_average, 2),
+        );
+        if !self.micro.is_empty() {
+            let rows: Vec<Vec<String>> = self
+                .micro
+                .iter()
+                .map(|m| {
+                    vec![
+                        m.id.to_owned(),
+                        m.title.to_owned(),
+                        m.bytes.map_or_else(String::new, |b| b.to_string()),
+                        format!("{:.0}", m.ns_per_op),
+                        num(m.mib_per_s, 0),
+                    ]
+                })
+                .collect();
+            out.push_str(&columns(
+                &["micro", "what", "bytes", "ns/op", "MiB/s"],
+                &[
+                    Align::Left,
+                    Align::Left,
+                    Align::Right,
+                    Align::Right,
+                    Align::Right,
+                ],
+                &rows,
+            ));
+            out.push('\n');
+        }
+        if !self.rows.is_empty() {
+            let rows: Vec<Vec<String>> = self.rows.iter().map(table_row).collect();
+            out.push_str(&columns(
+                &[
+                    "row",
+                    "A",
+                    "B",
+                    "A req/s",
+                    "B req/s",
+                    "B/A",
+                    "target",
+                    "A p50/p99 ms",
+                    "B p50/p99 ms",
+                    "CPU µs/req A/B",
+                    "idle % A/B",
+                ],
+                &[
+                    Align::Left,
+                    Align::Left,
+                    Align::Left,
+                    Align::Right,
+                    Align::Right,
+                    Align::Right,
+                    Align::Left,
+                    Align::Right,
+                    Align::Right,
+                    Align::Right,
+                    Align::Right,
+                ],
+                &rows,
+            ));
+        }
+        let notes: Vec<String> = self
+            .rows
+            .iter()
+            .filter(|r| r.status != Status::Ok)
+            .map(|r| {
+                format!(
+                    "- {} {}: {}",
+                    r.id,
+                    match r.status {
+                        Status::Skipped => "skipped",
+                        _ => "failed",
+                    },
+                    r.reason.as_deref().unwrap_or("")
+                )
+            })
+            .collect();
+        if !notes.is_empty() {
+            out.push('\n');
+            out.push_str(&notes.join("\n"));
+            out.push('\n');
+        }
+        let missed: Vec<&str> = self
+            .rows
+            .iter()
+            .filter(|r| r.met == Some(false))
+            .map(|r| r.id)
+            .collect();
+        if !missed.is_empty() {
+            write!(
+                out,
+                "\ntargets missed: {}. README.md, section Performance, says where the time goes.\n",
+                missed.join(", ")
+            )
+            .expect("writing to a String");
+        }
+        writeln!(out, "\nwall time {:.0} s", self.wall_secs).expect("writing to a String");
+        out
+    }
+}
+
+fn table_row(r: &Row) -> Vec<String> {
+    let side_label = |side: &Option<crate::runner::Side>| {
+        side.as_ref()
+            .map_or_else(|| "-".to_owned(), |s| s.label.clone())
+    };
+    let (a, b) = (r.a.as_ref(), r.b.as_ref());
+    let target = match (r.target, r.met, r.status) {
+        (Some(t), Some(met), _) => {
+            format!("{} {}", t.describe(), if met { "met" } else { "MISSED" })
+        }
+        (Some(t), None, _) => t.describe(),
+        (None, _, _) => String::new(),
+    };
+    let ratio = match r.status {
+        Status::Ok => r.ratio.map_or_else(|| "-".into(), |v| format!("{v:.2}×")),
+        Status::Skipped => "skipped".into(),
+        Status::Failed => "FAILED".into(),
+    };
+    vec![
+        r.title.to_owned(),
+        side_label(&r.a),
+        side_label(&r.b),
+        num(a.and_then(|s| s.throughput), 0),
+        num(b.and_then(|s| s.throughput), 0),
+        ratio,
+        target,
+        pair(a.and_then(|s| s.p50_ms), a.and_then(|s| s.p99_ms), 2),
+        pair(b.and_then(|s| s.p50_ms), b.and_then(|s| s.p99_ms), 2),
+        pair(
+            a.and_then(|s| s.serving_cpu_us),
+            b.and_then(|s| s.serving_cpu_us),
+            0,
+        ),
+        pair(
+            a.and_then(|s| s.machine_idle).map(|f| f * 100.0),
+            b.and_then(|s| s.machine_idle).map(|f| f * 100.0),
+            0,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_align_wide_characters() {
+        let out = columns(
+            &["a", "b"],
+            &[Align::Left, Align::Right],
+            &[
+                vec!["≥ 0.8×".into(), "1".into()],
+                vec!["x".into(), "100".into()],
+            ],
+        );
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "a         b");
+        assert_eq!(lines[1], "≥ 0.8×    1");
+        assert_eq!(lines[2], "x       100");
+    }
+}

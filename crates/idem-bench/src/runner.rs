@@ -1,0 +1,346 @@
+//! Runs a group: its variants in rotating order, round after round, then one row per
+//! comparison with medians over rounds and the median of per-round ratios.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::cpu;
+use crate::load::{self, Plan, Sample};
+use crate::stats::median;
+use crate::workloads::{Comparison, Driver, Env, Group, Target, Variant};
+
+/// One run of one variant.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// What the load generator measured.
+    #[serde(flatten)]
+    pub sample: Sample,
+    /// CPU µs per request over the window, by component.
+    pub cpu_us_per_request: BTreeMap<String, f64>,
+    /// The share of the machine's CPU left idle over the window.
+    pub machine_idle: Option<f64>,
+}
+
+/// One side of a row: a variant's medians over its rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Side {
+    /// The variant's id in its group.
+    pub variant: &'static str,
+    /// What it is.
+    pub label: String,
+    /// Median good answers per second.
+    pub throughput: Option<f64>,
+    /// Median of the rounds' median latencies, ms.
+    pub p50_ms: Option<f64>,
+    /// Median of the rounds' 99th percentiles, ms.
+    pub p99_ms: Option<f64>,
+    /// Median CPU µs per request of everything but the load generator.
+    pub serving_cpu_us: Option<f64>,
+    /// Median CPU µs per request, by component.
+    pub cpu_us_per_request: BTreeMap<String, f64>,
+    /// Median share of the machine's CPU left idle.
+    pub machine_idle: Option<f64>,
+    /// Every round.
+    pub rounds: Vec<RunResult>,
+}
+
+/// Whether a row was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Both sides ran.
+    Ok,
+    /// A dependency was missing (a service down, an install failed); nothing was measured.
+    Skipped,
+    /// A side ran but failed (errors, wrong answers).
+    Failed,
+}
+
+/// A row of the report: B against A.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// Stable id (`layer-sqlite`).
+    pub id: &'static str,
+    /// The group it belongs to.
+    pub group: Group,
+    /// What it measures.
+    pub title: &'static str,
+    /// Whether it was measured.
+    pub status: Status,
+    /// Why not, when it was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The baseline.
+    pub a: Option<Side>,
+    /// The one measured against it.
+    pub b: Option<Side>,
+    /// Median of the per-round throughput ratios B/A.
+    pub ratio: Option<f64>,
+    /// The per-round ratios.
+    pub ratio_rounds: Vec<f64>,
+    /// Median per-round p50 of B minus that of A, ms.
+    pub added_p50_ms: Option<f64>,
+    /// Median per-round p99 of B minus that of A, ms.
+    pub added_p99_ms: Option<f64>,
+    /// The goal for the ratio, if the issue set one.
+    pub target: Option<Target>,
+    /// Whether the ratio meets it.
+    pub met: Option<bool>,
+}
+
+impl Row {
+    fn not_measured(group: Group, c: &Comparison, status: Status, reason: String) -> Self {
+        Self {
+            id: c.id,
+            group,
+            title: c.title,
+            status,
+            reason: Some(reason),
+            a: None,
+            b: None,
+            ratio: None,
+            ratio_rounds: Vec::new(),
+            added_p50_ms: None,
+            added_p99_ms: None,
+            target: c.target,
+            met: None,
+        }
+    }
+}
+
+/// A variant's rounds so far, or why it stopped.
+#[derive(Debug, Default)]
+struct Runs {
+    rounds: Vec<Option<RunResult>>,
+    failure: Option<String>,
+}
+
+/// How many milliseconds of load a group's plan holds (the progress bar's unit).
+pub(crate) fn planned_ms(group: Group, settings: &crate::Settings) -> u64 {
+    let (variants, _) = group.plan();
+    (variants.len() * settings.rounds) as u64 * run_ms(settings)
+}
+
+/// Milliseconds of one run.
+fn run_ms(settings: &crate::Settings) -> u64 {
+    (settings.warmup + settings.duration).as_millis() as u64
+}
+
+/// Sets up `group`, runs its rounds and tears it down.
+pub(crate) async fn run_group(env: &Env, group: Group) -> Vec<Row> {
+    let (variant_ids, comparisons) = group.plan();
+    let per_run = run_ms(&env.settings);
+    env.progress
+        .set_message(format!("{}: starting", group.name()));
+    let prepared = match group.setup(env).await {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            env.progress.dec_length(planned_ms(group, &env.settings));
+            return comparisons
+                .iter()
+                .map(|c| Row::not_measured(group, c, Status::Skipped, format!("{e:#}")))
+                .collect();
+        }
+    };
+    let mut unavailable: HashMap<&str, String> = HashMap::new();
+    let mut variants: Vec<Variant> = Vec::new();
+    for (id, variant) in prepared.variants {
+        match variant {
+            Ok(_)
+                if !env.settings.variants.is_empty()
+                    && !env.settings.variants.iter().any(|v| v == id) =>
+            {
+                unavailable.insert(id, "not selected (--variants)".into());
+            }
+            Ok(v) => variants.push(v),
+            Err(why) => {
+                unavailable.insert(id, why);
+            }
+        }
+    }
+    // Only variants some runnable row needs, or that were asked for by name.
+    variants.retain(|v| {
+        env.settings.variants.iter().any(|id| id == v.id)
+            || comparisons.iter().any(|c| {
+                (c.a == v.id || c.b == v.id)
+                    && !unavailable.contains_key(c.a)
+                    && !unavailable.contains_key(c.b)
+            })
+    });
+    let skipped_runs = variant_ids.len().saturating_sub(variants.len()) * env.settings.rounds;
+    env.progress.dec_length(skipped_runs as u64 * per_run);
+
+    let mut runs: HashMap<&str, Runs> = variants.iter().map(|v| (v.id, Runs::default())).collect();
+    for round in 0..env.settings.rounds {
+        // Rotating the order each round spreads any drift in the machine over all variants.
+        for i in 0..variants.len() {
+            let variant = &variants[(i + round) % variants.len()];
+            let entry = runs.get_mut(variant.id).expect("every variant has runs");
+            if entry.failure.is_some() {
+                env.progress.inc(per_run);
+                entry.rounds.push(None);
+                continue;
+            }
+            env.progress.set_message(format!(
+                "{}: {} (round {}/{})",
+                group.name(),
+                variant.label,
+                round + 1,
+                env.settings.rounds
+            ));
+            let run_tag = format!("{}-{}-{round}", env.tag, variant.id);
+            match run_variant(env, variant, &run_tag).await {
+                Ok(result) => entry.rounds.push(Some(result)),
+                Err(e) => {
+                    entry.failure = Some(e);
+                    entry.rounds.push(None);
+                }
+            }
+        }
+    }
+    prepared.teardown.run().await;
+
+    comparisons
+        .iter()
+        .map(|c| {
+            if let Some(why) = unavailable.get(c.a).or(unavailable.get(c.b)) {
+                return Row::not_measured(group, c, Status::Skipped, why.clone());
+            }
+            let (a, b) = (&runs[c.a], &runs[c.b]);
+            if let Some(why) = a.failure.as_ref().or(b.failure.as_ref()) {
+                let side = if a.failure.is_some() { c.a } else { c.b };
+                return Row::not_measured(group, c, Status::Failed, format!("{side}: {why}"));
+            }
+            let label = |id| {
+                variants
+                    .iter()
+                    .find(|v| v.id == id)
+                    .map(|v| v.label.clone())
+                    .unwrap_or_default()
+            };
+            row(group, c, side(c.a, label(c.a), a), side(c.b, label(c.b), b))
+        })
+        .collect()
+}
+
+/// Loads one variant for one round and measures its CPU over the window.
+async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunResult, String> {
+    let settings = &env.settings;
+    let plan = Plan {
+        concurrency: settings.concurrency,
+        warmup: settings.warmup,
+        duration: settings.duration,
+    };
+    let position = env.progress.position();
+    let started = Instant::now();
+    // CPU is read at the window's start and just before its end, while every process that
+    // serves the load (pgbench's backends included) is still alive.
+    let cpu_window = async {
+        tokio::time::sleep(settings.warmup).await;
+        let before = cpu::snapshot(&variant.children);
+        let from = Instant::now();
+        tokio::time::sleep(settings.duration.saturating_sub(Duration::from_millis(20))).await;
+        let after = cpu::snapshot(&variant.children);
+        (before, after, from.elapsed())
+    };
+    let ticker = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let elapsed = started.elapsed().min(settings.warmup + settings.duration);
+            env.progress
+                .set_position(position + elapsed.as_millis() as u64);
+        }
+    };
+    let load = async {
+        match &variant.driver {
+            Driver::Http(target) => env
+                .runtimes
+                .load
+                .spawn(load::run(target.clone(), plan, run_tag.to_owned()))
+                .await
+                .map_err(|e| format!("the load generator panicked: {e}")),
+            Driver::Pgbench(pgbench) => pgbench
+                .run(plan, run_tag)
+                .await
+                .map_err(|e| format!("{e:#}")),
+        }
+    };
+    let (sample, (before, after, window)) = tokio::select! {
+        both = async { tokio::join!(load, cpu_window) } => both,
+        _ = ticker => unreachable!("the ticker never ends"),
+    };
+    env.progress.set_position(position + run_ms(settings));
+    let sample = sample?;
+    sample.check()?;
+    let served = (sample.throughput * window.as_secs_f64()).round() as u64;
+    Ok(RunResult {
+        cpu_us_per_request: before.per_request(&after, served),
+        machine_idle: before.idle_fraction(&after),
+        sample,
+    })
+}
+
+fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
+    let rounds: Vec<RunResult> = runs.rounds.iter().flatten().cloned().collect();
+    let of = |f: fn(&RunResult) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
+    let mut components: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in &rounds {
+        for (name, micros) in &r.cpu_us_per_request {
+            components.entry(name.clone()).or_default().push(*micros);
+        }
+    }
+    Side {
+        variant,
+        label,
+        throughput: of(|r| r.sample.throughput),
+        p50_ms: of(|r| r.sample.p50_ms),
+        p99_ms: of(|r| r.sample.p99_ms),
+        serving_cpu_us: of(|r| cpu::serving(&r.cpu_us_per_request)),
+        machine_idle: median(
+            &rounds
+                .iter()
+                .filter_map(|r| r.machine_idle)
+                .collect::<Vec<_>>(),
+        ),
+        cpu_us_per_request: components
+            .into_iter()
+            .filter_map(|(name, values)| Some((name, median(&values)?)))
+            .collect(),
+        rounds,
+    }
+}
+
+/// Builds a measured row; ratios pair the two sides round by round.
+fn row(group: Group, c: &Comparison, a: Side, b: Side) -> Row {
+    let pairs: Vec<(&RunResult, &RunResult)> = a.rounds.iter().zip(b.rounds.iter()).collect();
+    let ratio_rounds: Vec<f64> = pairs
+        .iter()
+        .map(|(a, b)| b.sample.throughput / a.sample.throughput)
+        .collect();
+    let added = |f: fn(&Sample) -> f64| {
+        median(
+            &pairs
+                .iter()
+                .map(|(a, b)| f(&b.sample) - f(&a.sample))
+                .collect::<Vec<_>>(),
+        )
+    };
+    let ratio = median(&ratio_rounds);
+    Row {
+        id: c.id,
+        group,
+        title: c.title,
+        status: Status::Ok,
+        reason: None,
+        ratio,
+        added_p50_ms: added(|s| s.p50_ms),
+        added_p99_ms: added(|s| s.p99_ms),
+        ratio_rounds,
+        target: c.target,
+        met: c.target.zip(ratio).map(|(t, r)| t.met(r)),
+        a: Some(a),
+        b: Some(b),
+    }
+}

@@ -1,0 +1,442 @@
+//! The servers the harness starts in-process, each on the runtime it is given: `idem serve`,
+//! the bare payments handler it is compared with, `idem proxy`, the fast upstream, and an axum
+//! app with idem's layer on Redis.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Extension, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem_core::{AccountId, Clock, SystemClock};
+use idem_gateway::{GatewayConfig, Secret};
+use idem_store::{PgStore, RedisStore, SqliteStore, Store};
+use idem_tower::IdempotencyLayer;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The sandbox token `idem serve` registers by default, and the bare handler too.
+pub(crate) const TOKEN: &str = "sk_test_alice";
+/// The account [`TOKEN`] authenticates.
+pub(crate) const ACCOUNT: &str = "acct_alice";
+/// Every workload's request body.
+pub(crate) const PAYMENT: &str = r#"{"amount": 49900, "currency": "INR"}"#;
+
+/// A server running on one of the harness's runtimes.
+#[derive(Debug)]
+pub(crate) struct Server {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    /// `http://ADDR{path}`.
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Waits until `path` answers; if the server stopped instead, returns why.
+    pub(crate) async fn wait_until_up(&mut self, path: &str) -> anyhow::Result<()> {
+        let up = crate::load::wait_until_up(&self.url(path), Duration::from_secs(60)).await;
+        if up.is_err() && self.task.is_finished() {
+            return match (&mut self.task).await {
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(())) => Err(anyhow::anyhow!("the server stopped at once")),
+                Err(e) => Err(anyhow::Error::new(e).context("the server panicked")),
+            };
+        }
+        up
+    }
+
+    /// Stops the server: a graceful shutdown, cut short after a few seconds.
+    pub(crate) async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if tokio::time::timeout(Duration::from_secs(5), &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
+    }
+}
+
+type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Binds 127.0.0.1:0 on `runtime` and runs `serve(listener, shutdown)` there. Binding happens
+/// on the runtime itself, so the server's sockets belong to its I/O driver.
+async fn spawn<F, Fut>(runtime: &Handle, serve: F) -> anyhow::Result<Server>
+where
+    F: FnOnce(TcpListener, Shutdown) -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let (addr_tx, addr_rx) = oneshot::channel();
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let task = runtime.spawn(async move {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let _ = addr_tx.send(listener.local_addr()?);
+        let shutdown: Shutdown = Box::pin(async move {
+            let _ = shutdown_rx.await;
+        });
+        serve(listener, shutdown).await
+    });
+    let addr = addr_rx.await.context("the server could not bind")?;
+    Ok(Server {
+        addr,
+        shutdown: Some(shutdown_tx),
+        task,
+    })
+}
+
+/// `idem serve` on `database`, as `idem serve --database DATABASE` runs it.
+pub(crate) async fn idem_serve(runtime: &Handle, database: &str) -> anyhow::Result<Server> {
+    let config = idem_cli::serve::ServeConfig::new(database);
+    let mut server = spawn(runtime, move |listener, shutdown| {
+        idem_cli::serve::serve(listener, config, shutdown)
+    })
+    .await?;
+    server.wait_until_up("/healthz").await?;
+    Ok(server)
+}
+
+/// The bare handler's database: the same stores (so the same connection settings and pool
+/// sizes) as `idem serve`, without the layer.
+#[derive(Debug, Clone)]
+enum BareDb {
+    Sqlite(SqliteStore),
+    Postgres(PgStore),
+}
+
+/// The bare handler's state.
+#[derive(Debug, Clone)]
+struct Bare {
+    db: BareDb,
+}
+
+/// A payment as `idem serve` shows it.
+#[derive(Debug, Serialize)]
+struct Payment {
+    id: String,
+    amount: i64,
+    currency: String,
+    status: &'static str,
+    created_at: i64,
+}
+
+/// `POST /payments` without the layer, on `database`, which `idem serve` has migrated: the
+/// same authentication, validation and business INSERT in a transaction of its own, as
+/// `idem serve` does for a keyless request.
+pub(crate) async fn bare_payments(runtime: &Handle, database: &str) -> anyhow::Result<Server> {
+    let database = database.to_owned();
+    let mut server = spawn(runtime, move |listener, shutdown| async move {
+        let db = if database.starts_with("sqlite:") {
+            BareDb::Sqlite(SqliteStore::connect(&database).await?)
+        } else {
+            BareDb::Postgres(PgStore::connect(&database).await?)
+        };
+        let tokens = Arc::new(HashMap::from([(TOKEN.to_owned(), AccountId::new(ACCOUNT))]));
+        let router = Router::new()
+            .route("/payments", post(bare_create).get(|| async { "ok" }))
+            .layer(axum::middleware::from_fn_with_state(tokens, authenticate))
+            .with_state(Bare { db });
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    })
+    .await?;
+    server.wait_until_up("/payments").await?;
+    Ok(server)
+}
+
+/// Bearer-token authentication, as `idem serve` does it.
+async fn authenticate(
+    State(tokens): State<Arc<HashMap<String, AccountId>>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let account = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|token| tokens.get(token.trim()));
+    match account {
+        Some(account) => {
+            request.extensions_mut().insert(account.clone());
+            next.run(request).await
+        }
+        None => StatusCode::UNAUTHORIZED.into_response(),
+    }
+}
+
+/// Validates the body as `idem serve` does: a positive integer amount, three capital letters.
+fn parse_payment(body: &[u8]) -> Option<(i64, String)> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let amount = value.get("amount")?.as_i64().filter(|a| *a > 0)?;
+    let currency = value
+        .get("currency")?
+        .as_str()
+        .filter(|c| c.len() == 3 && c.bytes().all(|b| b.is_ascii_uppercase()))?;
+    Some((amount, currency.to_owned()))
+}
+
+// The business INSERTs of idem serve's backends, as they are sent for a keyless request.
+const SQLITE_INSERT: &str = "INSERT INTO payments
+        (id, account_id, idem_key, amount, currency, status, reference, created_at)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
+const PG_INSERT: &str = "INSERT INTO payments
+        (id, account_id, idem_key, amount, currency, status, reference, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7,
+            to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')";
+
+async fn bare_create(
+    State(app): State<Bare>,
+    Extension(account): Extension<AccountId>,
+    body: Bytes,
+) -> Response {
+    let Some((amount, currency)) = parse_payment(&body) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let payment = Payment {
+        id: format!("pay_{}", uuid::Uuid::now_v7().simple()),
+        amount,
+        currency,
+        status: "succeeded",
+        created_at: SystemClock.now().0,
+    };
+    let inserted = match &app.db {
+        BareDb::Sqlite(store) => insert_sqlite(store, account.as_str(), &payment).await,
+        BareDb::Postgres(store) => insert_pg(store, account.as_str(), &payment).await,
+    };
+    match inserted {
+        Ok(()) => (
+            StatusCode::CREATED,
+            [(header::LOCATION, format!("/payments/{}", payment.id))],
+            axum::Json(payment),
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn insert_sqlite(
+    store: &SqliteStore,
+    account: &str,
+    payment: &Payment,
+) -> Result<(), sqlx::Error> {
+    // The writer, as idem serve's own transactions take it: SQLite has one writer.
+    let mut tx = store.writer().begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query(SQLITE_INSERT)
+        .bind(&payment.id)
+        .bind(account)
+        .bind(None::<&str>)
+        .bind(payment.amount)
+        .bind(&payment.currency)
+        .bind(payment.status)
+        .bind(None::<&str>)
+        .bind(payment.created_at)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+async fn insert_pg(store: &PgStore, account: &str, payment: &Payment) -> Result<(), sqlx::Error> {
+    let mut tx = store.pool().begin().await?;
+    sqlx::query(PG_INSERT)
+        .bind(&payment.id)
+        .bind(account)
+        .bind(None::<&str>)
+        .bind(payment.amount)
+        .bind(&payment.currency)
+        .bind(payment.status)
+        .bind(None::<&str>)
+        .bind(payment.created_at)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+/// A counter for ids, shared by the trivial handlers.
+#[derive(Debug, Clone, Default)]
+struct Counter(Arc<AtomicU64>);
+
+/// The trivial in-memory handler behind the proxies and the layer comparison: reads the JSON
+/// body, takes the next id, answers `201` with the payment.
+async fn trivial_create(State(counter): State<Counter>, body: Bytes) -> Response {
+    let Some((amount, currency)) = parse_payment(&body) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let n = counter.0.fetch_add(1, Ordering::Relaxed) + 1;
+    let id = format!("pay_{n}");
+    let location =
+        HeaderValue::from_str(&format!("/payments/{id}")).expect("an id is a valid header value");
+    (
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        axum::Json(Payment {
+            id,
+            amount,
+            currency,
+            status: "succeeded",
+            created_at: 0,
+        }),
+    )
+        .into_response()
+}
+
+/// The fast upstream the proxies stand in front of: [`trivial_create`] at `/payments`.
+pub(crate) async fn upstream(runtime: &Handle) -> anyhow::Result<Server> {
+    let mut server = spawn(runtime, |listener, shutdown| async move {
+        let router = Router::new()
+            .route("/payments", post(trivial_create).get(|| async { "ok" }))
+            .with_state(Counter::default());
+        axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    })
+    .await?;
+    server.wait_until_up("/payments").await?;
+    Ok(server)
+}
+
+/// A plain reverse proxy in front of `upstream` (a base URL), with the same HTTP client and
+/// server as `idem proxy` and nothing else: what any proxy costs on this machine.
+pub(crate) async fn plain_proxy(runtime: &Handle, upstream: &str) -> anyhow::Result<Server> {
+    let upstream: http::Uri = upstream.parse()?;
+    let mut server = spawn(runtime, move |listener, shutdown| async move {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client: Client<HttpConnector, axum::body::Body> =
+            Client::builder(TokioExecutor::new()).build(connector);
+        let forward = move |request: Request| {
+            let (client, upstream) = (client.clone(), upstream.clone());
+            async move {
+                let (mut parts, body) = request.into_parts();
+                let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                parts.uri = format!("{upstream}{}", path.trim_start_matches('/'))
+                    .parse()
+                    .expect("a valid upstream URL");
+                parts.headers.remove(header::HOST);
+                match client.request(Request::from_parts(parts, body)).await {
+                    Ok(response) => response.map(axum::body::Body::new),
+                    Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+                }
+            }
+        };
+        axum::serve(listener, Router::new().fallback(forward))
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    })
+    .await?;
+    server.wait_until_up("/payments").await?;
+    Ok(server)
+}
+
+/// Which store a gateway or layer keeps its records in.
+#[derive(Debug, Clone)]
+pub(crate) enum StoreUrl {
+    /// `sqlite://PATH`.
+    Sqlite(String),
+    /// `postgres://…`.
+    Postgres(String),
+    /// A Redis URL and the key prefix.
+    Redis(String, String),
+}
+
+/// `idem proxy` in front of `upstream`, as `idem proxy --store STORE` runs it.
+pub(crate) async fn gateway(
+    runtime: &Handle,
+    store: StoreUrl,
+    upstream: &str,
+) -> anyhow::Result<Server> {
+    let config = GatewayConfig::new(
+        upstream.parse()?,
+        Secret::new(*b"idem-bench-secret-of-32-bytes...")?,
+    );
+    let mut server = spawn(runtime, move |listener, shutdown| async move {
+        match store {
+            StoreUrl::Sqlite(url) => {
+                let store = SqliteStore::connect(&url).await?;
+                idem_gateway::serve(listener, store, config, shutdown).await?;
+            }
+            StoreUrl::Postgres(url) => {
+                let store = PgStore::connect(&url).await?;
+                idem_gateway::serve(listener, store, config, shutdown).await?;
+            }
+            StoreUrl::Redis(url, prefix) => {
+                let store = RedisStore::connect(&url, prefix).await?;
+                idem_gateway::serve(listener, store, config, shutdown).await?;
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    server.wait_until_up(idem_gateway::POLICY_PATH).await?;
+    Ok(server)
+}
+
+/// An axum app with idem's layer (lease mode: Redis has no transactions to share) on Redis
+/// around [`trivial_create`].
+pub(crate) async fn layer_on_redis(
+    runtime: &Handle,
+    url: &str,
+    prefix: &str,
+) -> anyhow::Result<Server> {
+    let (url, prefix) = (url.to_owned(), prefix.to_owned());
+    let mut server = spawn(runtime, move |listener, shutdown| async move {
+        let store = RedisStore::connect(&url, prefix).await?;
+        axum::serve(listener, layered(store))
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
+    })
+    .await?;
+    server.wait_until_up("/healthz").await?;
+    Ok(server)
+}
+
+fn layered<St: Store>(store: St) -> Router {
+    Router::new()
+        .route("/payments", post(trivial_create))
+        .layer(IdempotencyLayer::leased(store))
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .with_state(Counter::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payments_are_validated_as_idem_serve_does() {
+        assert_eq!(
+            parse_payment(PAYMENT.as_bytes()),
+            Some((49900, "INR".into()))
+        );
+        assert_eq!(
+            parse_payment(br#"{"amount": 1.0, "currency": "INR"}"#),
+            None
+        );
+        assert_eq!(parse_payment(br#"{"amount": 5, "currency": "inr"}"#), None);
+    }
+}

@@ -1,0 +1,84 @@
+//! A smoke run of the workloads that need nothing beyond this repository, so the harness
+//! cannot rot: `idem-bench --quick --json` on the layer and replays on SQLite, the gateway on
+//! SQLite, and the micro-benchmarks. The figures are not checked against targets (a shared
+//! CI machine says little about speed), only that the report has its shape and every number
+//! is a positive measurement.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn positive(value: &Value, what: &str) -> f64 {
+    let n = value
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {value}"));
+    assert!(n > 0.0 && n.is_finite(), "{what} is not positive: {n}");
+    n
+}
+
+#[test]
+fn quick_run_of_the_self_contained_workloads() {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem-bench"))
+        .args([
+            "--quick",
+            "--json",
+            "--concurrency",
+            "8",
+            "--only",
+            "micro,serve-sqlite,gateway-sqlite",
+        ])
+        .output()
+        .expect("run idem-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "idem-bench failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+
+    assert_eq!(report["version"], 1);
+    assert_eq!(report["settings"]["quick"], true);
+    assert_eq!(report["settings"]["concurrency"], 8);
+    positive(&report["wall_secs"], "wall_secs");
+    positive(&report["machine"]["cpus"], "cpus");
+
+    let micro = report["micro"].as_array().expect("micro results");
+    let ids: Vec<&str> = micro.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    for id in [
+        "key-bare",
+        "key-sf-string",
+        "fingerprint-1k",
+        "fingerprint-64k",
+        "decide-replay",
+    ] {
+        assert!(ids.contains(&id), "no micro-benchmark {id}: {ids:?}");
+    }
+    for m in micro {
+        positive(&m["ns_per_op"], "ns_per_op");
+    }
+
+    let rows = report["rows"].as_array().expect("rows");
+    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["layer-sqlite", "replays-sqlite", "gateway-sqlite"]);
+    for row in rows {
+        let id = row["id"].as_str().unwrap();
+        assert_eq!(row["status"], "ok", "{id}: {}", row["reason"]);
+        positive(&row["ratio"], &format!("{id} ratio"));
+        assert_eq!(row["ratio_rounds"].as_array().unwrap().len(), 2, "{id}");
+        assert!(row["target"]["ratio"].is_number(), "{id} has a target");
+        assert!(row["met"].is_boolean(), "{id} says whether it met it");
+        for side in ["a", "b"] {
+            let s = &row[side];
+            for field in ["throughput", "p50_ms", "p99_ms"] {
+                positive(&s[field], &format!("{id} {side}.{field}"));
+            }
+            assert!(s["label"].as_str().is_some_and(|l| !l.is_empty()));
+            for round in s["rounds"].as_array().expect("rounds") {
+                positive(&round["requests"], &format!("{id} {side} requests"));
+                assert_eq!(round["errors"], 0, "{id} {side}: {round}");
+            }
+        }
+        assert!(row["added_p50_ms"].is_number() && row["added_p99_ms"].is_number());
+    }
+}
