@@ -16,9 +16,11 @@
 //! window, so a row also says where the time goes.
 //!
 //! The rows: the layer against a bare handler doing the same INSERT (SQLite, PostgreSQL);
-//! `idem serve` against `pgbench` running its SQL transaction; replays against first requests;
-//! `idem proxy` against the upstream alone (SQLite, PostgreSQL, Redis); `idem proxy` against
-//! `idempotent-proxy-server`; idem's layer against `express-idempotency`. The peers are
+//! `idem serve` against `pgbench` running its SQL transaction, and against pgbench sending
+//! every statement `idem serve` sends (which splits the gap into SQL and everything else);
+//! replays against first requests; `idem proxy` against the upstream alone (SQLite,
+//! PostgreSQL, Redis), with a plain reverse proxy as the floor any proxy has; `idem proxy`
+//! against `idempotent-proxy-server`; idem's layer against `express-idempotency`. The peers are
 //! installed into `$HOME/.cache/idem-bench-peers` on first use; a row whose dependency is
 //! missing says so and is skipped. The core's micro-benchmarks are timed too (and run under
 //! criterion with `cargo bench -p idem-bench`).

@@ -53,9 +53,6 @@ impl Group {
         Group::PeerLayer,
     ];
 
-    /// The groups that need nothing beyond this repository (no database server, no peer).
-    pub const SELF_CONTAINED: [Group; 3] = [Group::Micro, Group::ServeSqlite, Group::GatewaySqlite];
-
     /// The name `--only` takes.
     pub fn name(self) -> &'static str {
         match self {
