@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod serve;
 pub mod server;
 pub mod simulate;
+pub mod worker;
 
 /// idem: safe retries for payment and order APIs.
 #[derive(Debug, Parser)]
@@ -46,6 +47,8 @@ pub enum Command {
     Proxy(proxy::ProxyArgs),
     /// Check an HTTP API against the idempotency contract (SPEC §7) and report each check.
     Drill(drill::DrillArgs),
+    /// Consume payment events and write one receipt per event, however often it is delivered.
+    Worker(worker::WorkerArgs),
     /// Reproduce the ACK-loss experiment (SPEC §8) over real HTTP: double charges without
     /// and with idempotency keys.
     Simulate(simulate::SimulateArgs),
@@ -64,6 +67,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Keys(args) => keys::run(args).await,
         Command::Drill(args) => drill::run(args).await,
         Command::Simulate(args) => simulate::run(args).await,
+        Command::Worker(args) => worker::run(args).await,
     }
 }
 

@@ -31,8 +31,32 @@ pub(crate) struct Invoice {
     pub(crate) created_at: i64,
 }
 
-/// A record store that also holds the service's payments and invoices.
+/// A receipt: the worker's side effect for one `payment.succeeded` event.
+#[derive(Debug, Clone)]
+pub(crate) struct Receipt {
+    pub(crate) event_id: String,
+    pub(crate) payment_id: String,
+    pub(crate) account_id: String,
+    pub(crate) amount: i64,
+    pub(crate) currency: String,
+    pub(crate) created_at: i64,
+}
+
+/// A record store that also holds the service's payments and invoices, its outbox, and the
+/// worker's inbox and receipts.
 pub(crate) trait Backend: TransactionalStore + AdminStore {
+    /// The database the outbox and the inbox live in.
+    type Db: idem_consumer::Database;
+
+    /// The pool that writes (SQLite's single writer).
+    fn write_pool(&self) -> &sqlx::Pool<Self::Db>;
+
+    /// Records `receipt` through `conn` (inside the inbox's transaction).
+    fn insert_receipt<'a>(
+        conn: &'a mut <Self::Db as sqlx::Database>::Connection,
+        receipt: &'a Receipt,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
     /// Connects, applies the store's and the service's migrations.
     fn open_service(url: &str) -> impl Future<Output = anyhow::Result<Self>> + Send;
 
@@ -43,13 +67,15 @@ pub(crate) trait Backend: TransactionalStore + AdminStore {
     fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Inserts `payment` in `tx`. With a key, first retires the key from a payment made before
-    /// `retired_before` (a key past its retention is a new request).
+    /// `retired_before` (a key past its retention is a new request). With an `event`, writes
+    /// it to the outbox in the same transaction.
     fn insert_payment<'a>(
         tx: &'a mut Self::Tx,
         account: &'a str,
         key: Option<&'a str>,
         retired_before: i64,
         payment: &'a Payment,
+        event: Option<&'a idem_consumer::Message>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
     /// Takes the account's next invoice number and records `invoice` with it, in `tx`.
@@ -100,6 +126,31 @@ where
 }
 
 impl Backend for SqliteStore {
+    type Db = sqlx::Sqlite;
+
+    fn write_pool(&self) -> &sqlx::SqlitePool {
+        self.writer()
+    }
+
+    async fn insert_receipt<'a>(
+        conn: &'a mut sqlx::SqliteConnection,
+        receipt: &'a Receipt,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO receipts (event_id, payment_id, account_id, amount, currency, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .bind(&receipt.event_id)
+        .bind(&receipt.payment_id)
+        .bind(&receipt.account_id)
+        .bind(receipt.amount)
+        .bind(&receipt.currency)
+        .bind(receipt.created_at)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
     async fn open_service(url: &str) -> anyhow::Result<Self> {
         let store = SqliteStore::connect(url)
             .await
@@ -110,6 +161,9 @@ impl Backend for SqliteStore {
             .run(store.writer())
             .await
             .context("cannot migrate the payments schema")?;
+        <sqlx::Sqlite as idem_consumer::Database>::migrate(store.writer())
+            .await
+            .context("cannot migrate the outbox and inbox schema")?;
         Ok(store)
     }
 
@@ -127,6 +181,7 @@ impl Backend for SqliteStore {
         key: Option<&'a str>,
         retired_before: i64,
         payment: &'a Payment,
+        event: Option<&'a idem_consumer::Message>,
     ) -> Result<(), sqlx::Error> {
         if let Some(key) = key {
             sqlx::query(
@@ -154,6 +209,9 @@ impl Backend for SqliteStore {
         .bind(payment.created_at)
         .execute(&mut **tx)
         .await?;
+        if let Some(event) = event {
+            idem_consumer::enqueue::<sqlx::Sqlite>(&mut **tx, event, payment.created_at).await?;
+        }
         Ok(())
     }
 
@@ -231,6 +289,31 @@ const PG_SELECT_PAYMENT: &str = "SELECT id, amount, currency, status, reference,
  FROM payments";
 
 impl Backend for PgStore {
+    type Db = sqlx::Postgres;
+
+    fn write_pool(&self) -> &sqlx::PgPool {
+        self.pool()
+    }
+
+    async fn insert_receipt<'a>(
+        conn: &'a mut sqlx::PgConnection,
+        receipt: &'a Receipt,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO receipts (event_id, payment_id, account_id, amount, currency, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&receipt.event_id)
+        .bind(&receipt.payment_id)
+        .bind(&receipt.account_id)
+        .bind(receipt.amount)
+        .bind(&receipt.currency)
+        .bind(receipt.created_at)
+        .execute(conn)
+        .await?;
+        Ok(())
+    }
+
     async fn open_service(url: &str) -> anyhow::Result<Self> {
         let store = PgStore::connect(url)
             .await
@@ -241,6 +324,9 @@ impl Backend for PgStore {
             .run(store.pool())
             .await
             .context("cannot migrate the payments schema")?;
+        <sqlx::Postgres as idem_consumer::Database>::migrate(store.pool())
+            .await
+            .context("cannot migrate the outbox and inbox schema")?;
         Ok(store)
     }
 
@@ -258,6 +344,7 @@ impl Backend for PgStore {
         key: Option<&'a str>,
         retired_before: i64,
         payment: &'a Payment,
+        event: Option<&'a idem_consumer::Message>,
     ) -> Result<(), sqlx::Error> {
         if let Some(key) = key {
             sqlx::query(
@@ -287,6 +374,9 @@ impl Backend for PgStore {
         .bind(payment.created_at)
         .execute(&mut **tx)
         .await?;
+        if let Some(event) = event {
+            idem_consumer::enqueue::<sqlx::Postgres>(&mut **tx, event, payment.created_at).await?;
+        }
         Ok(())
     }
 

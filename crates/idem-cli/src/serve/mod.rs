@@ -25,8 +25,10 @@ mod backend;
 mod invoices;
 mod payments;
 mod payouts;
+mod relay;
 
-pub(crate) use backend::redact;
+pub(crate) use backend::{Backend as ServiceBackend, Receipt, redact};
+pub(crate) use payments::PAYMENTS_TOPIC;
 pub use payouts::PausePoint;
 
 /// `idem serve` flags.
@@ -72,6 +74,20 @@ pub struct ServeArgs {
     /// Freeze every payout at this point (for crash tests).
     #[arg(long, hide = true)]
     pub fault_pause: Option<PausePoint>,
+    /// Announce each payment as a `payment.succeeded` event through the transactional outbox,
+    /// and relay the outbox to this broker: `nats://HOST:PORT` (JetStream), `amqp://USER:PASS@HOST:PORT`
+    /// (RabbitMQ) or `kafka://HOST:PORT`. Every instance on a PostgreSQL database may relay.
+    #[arg(long, value_name = "URL")]
+    pub broker: Option<String>,
+    /// Keeps this deployment's streams, exchanges and topics apart from others' on the broker.
+    #[arg(long, default_value = "idem")]
+    pub broker_namespace: String,
+    /// How often the relay looks for events to publish, in milliseconds.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    pub relay_poll_ms: u64,
+    /// Freeze the relay after it publishes an event and before it marks it sent (crash tests).
+    #[arg(long, hide = true)]
+    pub fault_pause_after_publish: bool,
 }
 
 fn parse_token(s: &str) -> Result<(String, String), String> {
@@ -106,6 +122,12 @@ pub struct ServeConfig {
     pub wait_for_outcome: Duration,
     /// How long a client may take to send a request head.
     pub head_timeout: Duration,
+    /// The broker the outbox relays to; `None` writes no events.
+    pub broker: Option<idem_consumer::any::BrokerSettings>,
+    /// How often the relay looks for events.
+    pub relay_poll: Duration,
+    /// Freeze the relay between publishing and marking sent, for crash tests.
+    pub fault_pause_after_publish: bool,
 }
 
 /// The sandbox tokens registered when none are given.
@@ -129,6 +151,9 @@ impl ServeConfig {
             reconcile_every: None,
             wait_for_outcome: Duration::ZERO,
             head_timeout: crate::server::HEAD_TIMEOUT,
+            broker: None,
+            relay_poll: Duration::from_millis(200),
+            fault_pause_after_publish: false,
         }
     }
 
@@ -149,6 +174,16 @@ impl ServeConfig {
         config.psp_timeout = Duration::from_secs(args.psp_timeout_secs);
         config.fault_pause = args.fault_pause;
         config.wait_for_outcome = Duration::from_secs(args.wait_for_outcome_secs);
+        config.broker = args.broker.as_ref().map(|url| {
+            idem_consumer::any::BrokerSettings::new(
+                url.clone(),
+                args.broker_namespace.clone(),
+                payments::PAYMENTS_TOPIC,
+                crate::worker::DEFAULT_CONSUMER,
+            )
+        });
+        config.relay_poll = Duration::from_millis(args.relay_poll_ms);
+        config.fault_pause_after_publish = args.fault_pause_after_publish;
         config
     }
 }
@@ -212,7 +247,29 @@ async fn serve_on<B: Backend>(
         }
     };
     let signal = store.outcome_signal().await?;
+    // The relay: publishes the outbox to the broker. Connecting first means a wrong URL stops
+    // the service at start, not silently later.
+    let relay = match &config.broker {
+        Some(settings) => {
+            let publisher = idem_consumer::any::AnyPublisher::connect(settings)
+                .await
+                .with_context(|| {
+                    format!("cannot reach the broker {}", backend::redact(&settings.url))
+                })?;
+            let publisher =
+                relay::PausingPublisher::new(publisher, config.fault_pause_after_publish);
+            let relay = idem_consumer::Relay::new(store.write_pool().clone(), publisher)
+                .with_poll_interval(config.relay_poll)
+                .with_clock(config.clock.clone());
+            tracing::info!(broker = %backend::redact(&settings.url), "relaying payment events from the outbox");
+            Some(tokio::spawn(async move {
+                relay.run(std::future::pending()).await
+            }))
+        }
+        None => None,
+    };
     let app = App {
+        outbox: config.broker.is_some(),
         signal: signal.clone(),
         store,
         policy: Arc::new(config.policy.clone()),
@@ -269,6 +326,11 @@ async fn serve_on<B: Backend>(
         .context("the server failed");
     sweeper.abort();
     reconciler.abort();
+    if let Some(relay) = relay {
+        // A pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
+        // publishes them again, and the consumers' inbox absorbs any copy.
+        relay.abort();
+    }
     result
 }
 
@@ -281,6 +343,8 @@ pub(crate) struct App<B> {
     metrics: PrometheusHandle,
     pub(crate) provider: payouts::Provider,
     pub(crate) signal: idem_tower::OutcomeSignal,
+    /// Whether payments write `payment.succeeded` to the outbox (a broker is configured).
+    pub(crate) outbox: bool,
 }
 
 impl<B: Backend> App<B> {

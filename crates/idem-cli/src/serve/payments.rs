@@ -95,14 +95,35 @@ pub(crate) async fn create<B: Backend>(
     };
     let key = scope.as_ref().map(|Extension(scope)| scope.key.as_str());
     let retired_before = payment.created_at - app.policy.retention.as_millis() as i64;
+    // With a broker, the payment announces itself through the outbox, in its own transaction:
+    // no event for a payment that rolled back, no payment without its event.
+    let event = app
+        .outbox
+        .then(|| payment_succeeded(account.as_str(), &payment));
+    let event = event.as_ref();
     let inserted = match tx {
         Some(mut tx) => {
-            B::insert_payment(&mut tx, account.as_str(), key, retired_before, &payment).await
+            B::insert_payment(
+                &mut tx,
+                account.as_str(),
+                key,
+                retired_before,
+                &payment,
+                event,
+            )
+            .await
         }
         None => match app.store.begin().await {
             Ok(mut own) => {
-                match B::insert_payment(&mut own, account.as_str(), key, retired_before, &payment)
-                    .await
+                match B::insert_payment(
+                    &mut own,
+                    account.as_str(),
+                    key,
+                    retired_before,
+                    &payment,
+                    event,
+                )
+                .await
                 {
                     Ok(()) => B::commit(own).await,
                     Err(e) => Err(e),
@@ -134,6 +155,28 @@ pub(crate) async fn create<B: Backend>(
         Json(payment),
     )
         .into_response()
+}
+
+/// The topic payment events go to.
+pub(crate) const PAYMENTS_TOPIC: &str = "payments";
+
+/// The `payment.succeeded` event of `payment`. Its id derives from the payment's, so it is
+/// fixed when the payment is created and names exactly one payment.
+pub(crate) fn payment_succeeded(account: &str, payment: &Payment) -> idem_consumer::Message {
+    let payload = serde_json::json!({
+        "type": "payment.succeeded",
+        "payment_id": payment.id,
+        "account_id": account,
+        "amount": payment.amount,
+        "currency": payment.currency,
+        "created_at": payment.created_at,
+    });
+    idem_consumer::Message {
+        id: idem_consumer::EventId::new(format!("{}.succeeded", payment.id))
+            .expect("payment ids are short visible ASCII"),
+        topic: PAYMENTS_TOPIC.to_owned(),
+        payload: payload.to_string().into_bytes(),
+    }
 }
 
 /// `503` with `Retry-After`: the database could not be reached; nothing was done.

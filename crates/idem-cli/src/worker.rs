@@ -1,0 +1,204 @@
+//! `idem worker`: consumes `payment.succeeded` events and writes one receipt per event, however
+//! often the broker delivers it (SPEC §6).
+//!
+//! Each delivery runs one transaction: the inbox row `(consumer, event id)` and the receipt.
+//! The ack goes to the broker only after that commit, so a crash in between means a
+//! redelivery, and the redelivery finds the inbox row and writes nothing.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures_util::FutureExt as _;
+use idem_consumer::any::{AnySubscription, BrokerSettings};
+use idem_consumer::{Consumer, Handled, Handler, HandlerError, Inbox, Message, Processed};
+use idem_core::{Clock, SystemClock};
+use idem_store::{PgStore, SqliteStore};
+use serde::Deserialize;
+
+use crate::serve::{Receipt, ServiceBackend, redact};
+
+/// The consumer group (and inbox name) receipts are written under.
+pub const DEFAULT_CONSUMER: &str = "receipts";
+
+/// `idem worker` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// The broker to consume from: `nats://HOST:PORT`, `amqp://USER:PASS@HOST:PORT` or
+    /// `kafka://HOST:PORT`.
+    #[arg(long, value_name = "URL")]
+    pub broker: String,
+    /// Where receipts and the inbox live: `sqlite://PATH` or `postgres://…` (usually the same
+    /// database as `idem serve`'s).
+    #[arg(long, default_value = "sqlite://idem.db")]
+    pub database: String,
+    /// The namespace `idem serve --broker-namespace` publishes under.
+    #[arg(long, default_value = "idem")]
+    pub broker_namespace: String,
+    /// The consumer group: workers in one group share the events; the inbox is per group.
+    #[arg(long, default_value = DEFAULT_CONSUMER)]
+    pub consumer: String,
+    /// Deliveries a message gets before it goes to the dead-letter destination.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub delivery_limit: u32,
+    /// How long a delivery may go unacknowledged before the broker redelivers it (JetStream),
+    /// in milliseconds.
+    #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub ack_wait_ms: u64,
+    /// Kafka: how long the group waits for a silent worker before reassigning its partitions,
+    /// in milliseconds.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub session_timeout_ms: u64,
+    /// Serve Prometheus metrics (`idem_consumer_duplicates_total`, …) at
+    /// `http://ADDR/metrics`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Freeze after committing every Nth receipt, before its ack (crash tests).
+    #[arg(long, hide = true, value_name = "N")]
+    pub fault_pause_after_commit: Option<u64>,
+}
+
+/// Runs `idem worker` until Ctrl-C or SIGTERM.
+pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let url = args.database.as_str();
+    if url.starts_with("sqlite:") {
+        let store = SqliteStore::open_service(url).await?;
+        work(store, &args).await
+    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+        let store = PgStore::open_service(url).await?;
+        work(store, &args).await
+    } else {
+        anyhow::bail!(
+            "unsupported database URL {:?}: expected sqlite://PATH or postgres://…",
+            redact(url)
+        )
+    }
+}
+
+async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<ExitCode> {
+    let mut settings = BrokerSettings::new(
+        args.broker.clone(),
+        args.broker_namespace.clone(),
+        crate::serve::PAYMENTS_TOPIC,
+        args.consumer.clone(),
+    );
+    settings.delivery_limit = args.delivery_limit;
+    settings.ack_wait = Duration::from_millis(args.ack_wait_ms);
+    settings.session_timeout = Duration::from_millis(args.session_timeout_ms);
+
+    if let Some(addr) = args.metrics_listen {
+        let metrics = crate::serve::metrics_handle();
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+        let router = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let metrics = metrics.clone();
+                async move { metrics.render() }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, router).await });
+    } else {
+        // Counters still count (and show in the summary) without an exporter.
+        crate::serve::metrics_handle();
+    }
+
+    let mut subscription = AnySubscription::connect(&settings)
+        .await
+        .with_context(|| format!("cannot subscribe on {}", redact(&settings.url)))?;
+    eprintln!(
+        "idem worker: consuming {} events from {} as {:?} (database {})",
+        crate::serve::PAYMENTS_TOPIC,
+        redact(&settings.url),
+        args.consumer,
+        redact(&args.database)
+    );
+    let handler = ReceiptWriter {
+        store,
+        inbox: Inbox::new(args.consumer.clone()),
+        clock: Arc::new(SystemClock),
+        pause_every: args.fault_pause_after_commit,
+        applied: AtomicU64::new(0),
+    };
+    let consumer =
+        Consumer::new(args.consumer.clone(), handler).with_delivery_limit(args.delivery_limit);
+    let stats = consumer
+        .run(&mut subscription, crate::serve::shutdown_signal())
+        .await
+        .context("the broker failed")?;
+    eprintln!(
+        "idem worker: {} receipts written, {} duplicates suppressed, {} retried, {} dead-lettered",
+        stats.applied, stats.duplicates, stats.retried, stats.dead_lettered
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The body of a `payment.succeeded` event.
+#[derive(Debug, Deserialize)]
+struct PaymentSucceeded {
+    #[serde(rename = "type")]
+    kind: String,
+    payment_id: String,
+    account_id: String,
+    amount: i64,
+    currency: String,
+}
+
+/// Writes a receipt per event, inside the inbox's transaction.
+#[derive(Debug)]
+struct ReceiptWriter<B> {
+    store: B,
+    inbox: Inbox,
+    clock: Arc<dyn Clock>,
+    pause_every: Option<u64>,
+    applied: AtomicU64,
+}
+
+impl<B: ServiceBackend> Handler for ReceiptWriter<B> {
+    async fn handle(&self, message: &Message) -> Result<Handled, HandlerError> {
+        let event: PaymentSucceeded = serde_json::from_slice(&message.payload)
+            .map_err(|e| HandlerError::Poison(format!("not a payment event: {e}")))?;
+        if event.kind != "payment.succeeded" {
+            return Err(HandlerError::Poison(format!(
+                "unexpected event type {:?}",
+                event.kind
+            )));
+        }
+        let now = self.clock.now().0;
+        let receipt = Receipt {
+            event_id: message.id.to_string(),
+            payment_id: event.payment_id,
+            account_id: event.account_id,
+            amount: event.amount,
+            currency: event.currency,
+            created_at: now,
+        };
+        let payment_id = receipt.payment_id.clone();
+        let processed = self
+            .inbox
+            .process(self.store.write_pool(), &message.id, now, move |conn| {
+                async move { B::insert_receipt(conn, &receipt).await }.boxed()
+            })
+            .await
+            .map_err(|e| HandlerError::Transient(Box::new(e)))?;
+        match processed {
+            Processed::Applied(()) => {
+                let n = self.applied.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::debug!(event_id = %message.id, %payment_id, "receipt written");
+                if self
+                    .pause_every
+                    .is_some_and(|every| n.is_multiple_of(every.max(1)))
+                {
+                    eprintln!("fault: paused after committing {} (not acked)", message.id);
+                    std::future::pending::<()>().await;
+                }
+                Ok(Handled::Applied)
+            }
+            Processed::AlreadyDone => Ok(Handled::Duplicate),
+        }
+    }
+}

@@ -1,0 +1,529 @@
+//! One broker chosen at run time by its URL: `nats://…` (JetStream), `amqp://…` or `amqps://…`
+//! (RabbitMQ), `kafka://host:port[,host:port…]`.
+//!
+//! The CLI (`idem serve --broker URL`, `idem worker --broker URL`) knows only this module: it
+//! fills a [`BrokerSettings`], checks the URL early with [`BrokerKind::from_url`] (a typed
+//! [`UnsupportedBroker`] for anything else), and then works through [`AnyPublisher`],
+//! [`AnySubscription`] and [`AnyDelivery`], which implement the same traits as the adapters
+//! they wrap. What each broker does and does not guarantee is in its own module's docs.
+
+use std::time::Duration;
+
+use crate::{BrokerError, Delivery, Message, Published, Publisher, Subscription};
+
+#[cfg(feature = "amqp")]
+use crate::amqp::{AmqpConfig, AmqpDelivery, AmqpPublisher, AmqpSubscription};
+#[cfg(feature = "kafka")]
+use crate::kafka::{KafkaConfig, KafkaDelivery, KafkaPublisher, KafkaSubscription};
+#[cfg(feature = "nats")]
+use crate::nats::{NatsConfig, NatsDelivery, NatsPublisher, NatsSubscription};
+
+/// Which broker a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BrokerKind {
+    /// NATS with JetStream: `nats://host:port`.
+    Nats,
+    /// RabbitMQ: `amqp://user:password@host:port/vhost` (or `amqps://`).
+    Amqp,
+    /// Kafka (or tansu): `kafka://host:port[,host:port…]`.
+    Kafka,
+}
+
+impl BrokerKind {
+    /// Reads the broker from the URL's scheme. Only the brokers compiled in (features `nats`,
+    /// `amqp`, `kafka`) are accepted.
+    pub fn from_url(url: &str) -> Result<Self, UnsupportedBroker> {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        let kind = match scheme.to_ascii_lowercase().as_str() {
+            #[cfg(feature = "nats")]
+            "nats" | "tls" => Self::Nats,
+            #[cfg(feature = "amqp")]
+            "amqp" | "amqps" => Self::Amqp,
+            #[cfg(feature = "kafka")]
+            "kafka" => Self::Kafka,
+            // The URL itself is left out of the error: it may hold a password.
+            _ => {
+                return Err(UnsupportedBroker {
+                    scheme: scheme.to_owned(),
+                });
+            }
+        };
+        Ok(kind)
+    }
+
+    /// The name used in errors and logs: "nats", "amqp", "kafka".
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Nats => "nats",
+            Self::Amqp => "amqp",
+            Self::Kafka => "kafka",
+        }
+    }
+}
+
+/// A broker URL whose scheme names no broker compiled into this build.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unsupported broker URL scheme {scheme:?}: expected nats://, amqp://, amqps:// or kafka:// \
+     (only those whose feature is enabled)"
+)]
+pub struct UnsupportedBroker {
+    /// The scheme found (empty when the URL has none).
+    pub scheme: String,
+}
+
+/// A namespace, topic or consumer group name the brokers cannot all carry unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what} {name:?}: {rule}")]
+pub struct InvalidName {
+    /// What the name is for: "namespace", "topic", "consumer group".
+    pub what: &'static str,
+    /// The name given.
+    pub name: String,
+    /// The rule it breaks.
+    pub rule: &'static str,
+}
+
+/// Checks a namespace or a consumer group: 1 to 64 of `A-Z a-z 0-9 _ -`. No dots, because
+/// both end up inside JetStream stream and durable consumer names, which forbid them.
+pub(crate) fn check_plain_name(
+    broker: &'static str,
+    what: &'static str,
+    name: &str,
+) -> Result<(), BrokerError> {
+    let ok = (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            broker,
+            what,
+            name,
+            "use 1 to 64 of A-Z a-z 0-9 _ -",
+        ))
+    }
+}
+
+/// Checks a topic: 1 to 128 of `A-Z a-z 0-9 _ -` in dot-separated non-empty parts
+/// (`payment.succeeded`). That is a valid NATS subject suffix, AMQP routing key and Kafka
+/// topic name alike, with no wildcard that would widen a subscription.
+pub(crate) fn check_topic(broker: &'static str, topic: &str) -> Result<(), BrokerError> {
+    let ok = (1..=128).contains(&topic.len())
+        && topic.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            broker,
+            "topic",
+            topic,
+            "use 1 to 128 of A-Z a-z 0-9 _ - in dot-separated non-empty parts",
+        ))
+    }
+}
+
+fn invalid(
+    broker: &'static str,
+    what: &'static str,
+    name: &str,
+    rule: &'static str,
+) -> BrokerError {
+    BrokerError::new(
+        broker,
+        format!("checking the {what}"),
+        InvalidName {
+            what,
+            name: name.to_owned(),
+            rule,
+        },
+    )
+}
+
+/// Everything needed to reach one topic on one broker, whichever it is. Fields a broker has
+/// no use for are ignored by it (Kafka has no `ack_wait`; only Kafka has `session_timeout`).
+#[derive(Debug, Clone)]
+pub struct BrokerSettings {
+    /// The broker's URL; its scheme picks the adapter (see [`BrokerKind::from_url`]).
+    pub url: String,
+    /// Keeps one deployment's (or one test's) broker objects apart from another's:
+    /// the JetStream stream `IDEM_{NAMESPACE}`, the AMQP exchange `{namespace}`, Kafka topics
+    /// `{namespace}.{topic}`.
+    pub namespace: String,
+    /// The topic events are published to and consumed from (`payment.succeeded`).
+    pub topic: String,
+    /// The consumer group: a JetStream durable consumer, an AMQP queue, a Kafka group. Workers
+    /// sharing a group share the work; each group gets every event.
+    pub consumer_group: String,
+    /// How many deliveries a message gets before the consumer dead-letters it (default 5).
+    pub delivery_limit: u32,
+    /// How long a delivery may stay unacknowledged before JetStream redelivers it
+    /// (default 30 s). RabbitMQ and Kafka redeliver when the consumer's connection or
+    /// session ends instead.
+    pub ack_wait: Duration,
+    /// JetStream only: how long a retried (nak'd) message waits before its redelivery
+    /// (default none). RabbitMQ requeues at once; Kafka seeks back at once.
+    pub retry_delay: Duration,
+    /// How many unacknowledged deliveries one subscription may hold (default 1; see the
+    /// adapters' docs for why more inflates delivery counts when a consumer crashes).
+    pub prefetch: u16,
+    /// Kafka only: how long the group waits for a silent consumer before giving its
+    /// partitions to another (default 10 s).
+    pub session_timeout: Duration,
+}
+
+impl BrokerSettings {
+    /// Settings with the defaults above.
+    pub fn new(
+        url: impl Into<String>,
+        namespace: impl Into<String>,
+        topic: impl Into<String>,
+        consumer_group: impl Into<String>,
+    ) -> Self {
+        Self {
+            url: url.into(),
+            namespace: namespace.into(),
+            topic: topic.into(),
+            consumer_group: consumer_group.into(),
+            delivery_limit: 5,
+            ack_wait: Duration::from_secs(30),
+            retry_delay: Duration::ZERO,
+            prefetch: 1,
+            session_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Which broker the URL names.
+    pub fn kind(&self) -> Result<BrokerKind, UnsupportedBroker> {
+        BrokerKind::from_url(&self.url)
+    }
+
+    fn checked_kind(&self) -> Result<BrokerKind, BrokerError> {
+        self.kind()
+            .map_err(|e| BrokerError::new("broker", "choosing a broker by URL scheme", e))
+    }
+
+    #[cfg(feature = "nats")]
+    fn nats(&self) -> NatsConfig {
+        NatsConfig {
+            delivery_limit: self.delivery_limit,
+            ack_wait: self.ack_wait,
+            retry_delay: self.retry_delay,
+            prefetch: usize::from(self.prefetch.max(1)),
+            ..NatsConfig::new(&self.url, &self.namespace)
+        }
+    }
+
+    #[cfg(feature = "amqp")]
+    fn amqp(&self) -> AmqpConfig {
+        AmqpConfig {
+            delivery_limit: self.delivery_limit,
+            prefetch: self.prefetch.max(1),
+            ..AmqpConfig::new(&self.url, &self.namespace)
+        }
+    }
+
+    #[cfg(feature = "kafka")]
+    fn kafka(&self) -> KafkaConfig {
+        // kafka://a:9092,b:9092 → bootstrap servers "a:9092,b:9092".
+        let servers = self.url.split_once("://").map_or("", |(_, rest)| rest);
+        KafkaConfig {
+            session_timeout: self.session_timeout,
+            ..KafkaConfig::new(servers.trim_end_matches('/'), &self.namespace)
+        }
+    }
+}
+
+/// A publisher for whichever broker the settings name.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnyPublisher {
+    /// NATS JetStream.
+    #[cfg(feature = "nats")]
+    Nats(NatsPublisher),
+    /// RabbitMQ.
+    #[cfg(feature = "amqp")]
+    Amqp(AmqpPublisher),
+    /// Kafka.
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaPublisher),
+}
+
+impl AnyPublisher {
+    /// Connects and declares what publishing needs. On RabbitMQ this also declares the
+    /// settings' consumer group queue, so events published before the first worker starts
+    /// are kept rather than dropped as unroutable.
+    pub async fn connect(settings: &BrokerSettings) -> Result<Self, BrokerError> {
+        Ok(match settings.checked_kind()? {
+            #[cfg(feature = "nats")]
+            BrokerKind::Nats => Self::Nats(NatsPublisher::connect(settings.nats()).await?),
+            #[cfg(feature = "amqp")]
+            BrokerKind::Amqp => {
+                let config = settings.amqp();
+                crate::amqp::declare(&config, &settings.consumer_group, &settings.topic).await?;
+                Self::Amqp(AmqpPublisher::connect(config).await?)
+            }
+            #[cfg(feature = "kafka")]
+            BrokerKind::Kafka => Self::Kafka(KafkaPublisher::connect(settings.kafka()).await?),
+            #[allow(unreachable_patterns)]
+            kind => return Err(not_compiled(kind)),
+        })
+    }
+}
+
+impl Publisher for AnyPublisher {
+    async fn publish(&self, message: &Message) -> Result<Published, BrokerError> {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(p) => p.publish(message).await,
+            #[cfg(feature = "amqp")]
+            Self::Amqp(p) => p.publish(message).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(p) => p.publish(message).await,
+        }
+    }
+}
+
+/// A subscription on whichever broker the settings name.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnySubscription {
+    /// A JetStream durable pull consumer.
+    #[cfg(feature = "nats")]
+    Nats(NatsSubscription),
+    /// A RabbitMQ quorum queue.
+    #[cfg(feature = "amqp")]
+    Amqp(AmqpSubscription),
+    /// A Kafka consumer group member.
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaSubscription),
+}
+
+impl AnySubscription {
+    /// Joins the settings' consumer group on their topic, declaring what is missing.
+    pub async fn connect(settings: &BrokerSettings) -> Result<Self, BrokerError> {
+        let (group, topic) = (&settings.consumer_group, &settings.topic);
+        Ok(match settings.checked_kind()? {
+            #[cfg(feature = "nats")]
+            BrokerKind::Nats => {
+                Self::Nats(NatsSubscription::connect(settings.nats(), group, topic).await?)
+            }
+            #[cfg(feature = "amqp")]
+            BrokerKind::Amqp => {
+                Self::Amqp(AmqpSubscription::connect(settings.amqp(), group, topic).await?)
+            }
+            #[cfg(feature = "kafka")]
+            BrokerKind::Kafka => {
+                Self::Kafka(KafkaSubscription::connect(settings.kafka(), group, topic).await?)
+            }
+            #[allow(unreachable_patterns)]
+            kind => return Err(not_compiled(kind)),
+        })
+    }
+
+    /// Reads the messages the settings' consumer group dead-lettered on their topic. Each
+    /// delivery's `dead_reason()` says why; acknowledging one removes it for good.
+    pub async fn dead_letters(settings: &BrokerSettings) -> Result<Self, BrokerError> {
+        let (group, topic) = (&settings.consumer_group, &settings.topic);
+        Ok(match settings.checked_kind()? {
+            #[cfg(feature = "nats")]
+            BrokerKind::Nats => {
+                Self::Nats(NatsSubscription::dead_letters(settings.nats(), group, topic).await?)
+            }
+            #[cfg(feature = "amqp")]
+            BrokerKind::Amqp => {
+                Self::Amqp(AmqpSubscription::dead_letters(settings.amqp(), group, topic).await?)
+            }
+            #[cfg(feature = "kafka")]
+            BrokerKind::Kafka => {
+                Self::Kafka(KafkaSubscription::dead_letters(settings.kafka(), group, topic).await?)
+            }
+            #[allow(unreachable_patterns)]
+            kind => return Err(not_compiled(kind)),
+        })
+    }
+}
+
+impl Subscription for AnySubscription {
+    type Delivery = AnyDelivery;
+
+    async fn next(&mut self) -> Result<Option<AnyDelivery>, BrokerError> {
+        Ok(match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(s) => s.next().await?.map(AnyDelivery::Nats),
+            #[cfg(feature = "amqp")]
+            Self::Amqp(s) => s.next().await?.map(AnyDelivery::Amqp),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(s) => s.next().await?.map(AnyDelivery::Kafka),
+        })
+    }
+}
+
+/// A delivery from whichever broker the settings name.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum AnyDelivery {
+    /// From JetStream.
+    #[cfg(feature = "nats")]
+    Nats(NatsDelivery),
+    /// From RabbitMQ.
+    #[cfg(feature = "amqp")]
+    Amqp(AmqpDelivery),
+    /// From Kafka.
+    #[cfg(feature = "kafka")]
+    Kafka(KafkaDelivery),
+}
+
+impl AnyDelivery {
+    /// Why the message was dead-lettered, on deliveries read from a dead-letter destination.
+    pub fn dead_reason(&self) -> Option<&str> {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(d) => d.dead_reason(),
+            #[cfg(feature = "amqp")]
+            Self::Amqp(d) => d.dead_reason(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(d) => d.dead_reason(),
+        }
+    }
+}
+
+impl Delivery for AnyDelivery {
+    fn message(&self) -> &Message {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(d) => d.message(),
+            #[cfg(feature = "amqp")]
+            Self::Amqp(d) => d.message(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(d) => d.message(),
+        }
+    }
+
+    fn attempt(&self) -> u32 {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(d) => d.attempt(),
+            #[cfg(feature = "amqp")]
+            Self::Amqp(d) => d.attempt(),
+            #[cfg(feature = "kafka")]
+            Self::Kafka(d) => d.attempt(),
+        }
+    }
+
+    async fn ack(self) -> Result<(), BrokerError> {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(d) => d.ack().await,
+            #[cfg(feature = "amqp")]
+            Self::Amqp(d) => d.ack().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(d) => d.ack().await,
+        }
+    }
+
+    async fn retry(self) -> Result<(), BrokerError> {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(d) => d.retry().await,
+            #[cfg(feature = "amqp")]
+            Self::Amqp(d) => d.retry().await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(d) => d.retry().await,
+        }
+    }
+
+    async fn dead_letter(self, reason: &str) -> Result<(), BrokerError> {
+        match self {
+            #[cfg(feature = "nats")]
+            Self::Nats(d) => d.dead_letter(reason).await,
+            #[cfg(feature = "amqp")]
+            Self::Amqp(d) => d.dead_letter(reason).await,
+            #[cfg(feature = "kafka")]
+            Self::Kafka(d) => d.dead_letter(reason).await,
+        }
+    }
+}
+
+/// Deletes the broker objects the settings' namespace, topic and group use, dead letters
+/// included: for tests and for tearing down a sandbox, never for a live deployment.
+///
+/// JetStream: the namespace's stream (every topic and group in it). RabbitMQ: the group's
+/// queue and dead-letter queue, then the namespace's exchanges. Kafka: the topic, its
+/// dead-letter topic and the group's committed offsets.
+pub async fn delete_broker_objects(settings: &BrokerSettings) -> Result<(), BrokerError> {
+    match settings.checked_kind()? {
+        #[cfg(feature = "nats")]
+        BrokerKind::Nats => crate::nats::delete_namespace(&settings.nats()).await,
+        #[cfg(feature = "amqp")]
+        BrokerKind::Amqp => {
+            crate::amqp::delete(&settings.amqp(), &settings.consumer_group, &settings.topic).await
+        }
+        #[cfg(feature = "kafka")]
+        BrokerKind::Kafka => {
+            crate::kafka::delete(&settings.kafka(), &settings.consumer_group, &settings.topic).await
+        }
+        #[allow(unreachable_patterns)]
+        kind => Err(not_compiled(kind)),
+    }
+}
+
+fn not_compiled(kind: BrokerKind) -> BrokerError {
+    BrokerError::new(
+        kind.name(),
+        "choosing a broker by URL scheme",
+        UnsupportedBroker {
+            scheme: kind.name().to_owned(),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_pick_brokers() {
+        assert_eq!(
+            BrokerKind::from_url("nats://127.0.0.1:4222"),
+            Ok(BrokerKind::Nats)
+        );
+        assert_eq!(
+            BrokerKind::from_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            Ok(BrokerKind::Amqp)
+        );
+        assert_eq!(
+            BrokerKind::from_url("KAFKA://127.0.0.1:19092"),
+            Ok(BrokerKind::Kafka)
+        );
+    }
+
+    #[test]
+    fn unknown_scheme_is_typed_and_hides_the_url() {
+        let err = BrokerKind::from_url("redis://user:secret@host").unwrap_err();
+        assert_eq!(err.scheme, "redis");
+        assert!(!err.to_string().contains("secret"));
+        assert_eq!(
+            BrokerKind::from_url("127.0.0.1:4222").unwrap_err().scheme,
+            ""
+        );
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_topic("nats", "payment.succeeded").is_ok());
+        for bad in ["", "a..b", ".a", "a.", "a.*", "a.>", "a b"] {
+            assert!(check_topic("nats", bad).is_err(), "{bad:?}");
+        }
+        assert!(check_plain_name("nats", "namespace", "t_1-x").is_ok());
+        assert!(check_plain_name("nats", "namespace", "a.b").is_err());
+    }
+}

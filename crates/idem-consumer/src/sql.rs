@@ -1,0 +1,359 @@
+//! The two databases the inbox and the outbox live in. Only the SQL differs: PostgreSQL lets
+//! several relays share the outbox with `FOR UPDATE SKIP LOCKED`; SQLite has one writer, so its
+//! relay reads without a lock and never holds the writer while it talks to the broker.
+
+use std::future::Future;
+
+use sqlx::{Pool, Row};
+
+use crate::{EventId, Message};
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A pending outbox row: its place in the outbox and the event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingEvent {
+    /// The row's place in the outbox (the relay's order).
+    pub seq: i64,
+    /// The event.
+    pub message: Message,
+}
+
+/// A database that holds `processed_events` and `outbox`: [`sqlx::Sqlite`] or
+/// [`sqlx::Postgres`]. Sealed: the SQL is written and tested for these two.
+pub trait Database: sqlx::Database + sealed::Sealed {
+    /// Creates or updates the `processed_events` and `outbox` tables (migration history in
+    /// `idem_consumer_migrations`).
+    fn migrate(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<(), sqlx::migrate::MigrateError>> + Send;
+
+    /// Opens a transaction that will write (on SQLite, `BEGIN IMMEDIATE`, so it never fails
+    /// half-way to upgrade to a writer).
+    fn begin_write(
+        pool: &Pool<Self>,
+    ) -> impl Future<Output = Result<sqlx::Transaction<'static, Self>, sqlx::Error>> + Send;
+
+    /// Inserts `(consumer, event)` into the inbox; `false` if it was there already.
+    fn insert_processed<'c>(
+        conn: &'c mut Self::Connection,
+        consumer: &'c str,
+        event: &'c EventId,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Deletes at most `batch` inbox rows processed before `before_ms`; the number deleted.
+    fn delete_processed_before(
+        pool: &Pool<Self>,
+        before_ms: i64,
+        batch: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Writes `message` to the outbox in the caller's transaction.
+    fn insert_outbox<'c>(
+        conn: &'c mut Self::Connection,
+        message: &'c Message,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// Up to `limit` unsent rows, oldest first. On PostgreSQL the rows stay locked until `conn`'s
+    /// transaction ends and rows another relay holds are skipped.
+    fn pending<'c>(
+        conn: &'c mut Self::Connection,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<PendingEvent>, sqlx::Error>> + Send + 'c;
+
+    /// Marks the rows `seqs` sent.
+    fn mark_sent<'c>(
+        conn: &'c mut Self::Connection,
+        seqs: &'c [i64],
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// Deletes at most `batch` rows sent before `before_ms`; the number deleted.
+    fn delete_sent_before(
+        pool: &Pool<Self>,
+        before_ms: i64,
+        batch: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// The number of rows not yet sent.
+    fn count_pending(pool: &Pool<Self>) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Whether [`Database::pending`] locks its rows, so relays can hold them while publishing.
+    const LOCKS_PENDING: bool;
+}
+
+fn pending_from_row<R: Row>(row: &R) -> Result<PendingEvent, sqlx::Error>
+where
+    for<'r> &'r str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let id: String = row.try_get("event_id")?;
+    Ok(PendingEvent {
+        seq: row.try_get("seq")?,
+        message: Message {
+            id: EventId::new(id).map_err(|e| sqlx::Error::Decode(Box::new(e)))?,
+            topic: row.try_get("topic")?,
+            payload: row.try_get("payload")?,
+        },
+    })
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::*;
+    use sqlx::{Sqlite, SqliteConnection};
+
+    impl sealed::Sealed for Sqlite {}
+
+    impl Database for Sqlite {
+        const LOCKS_PENDING: bool = false;
+
+        async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
+            let mut migrator = sqlx::migrate!("migrations/sqlite");
+            migrator.dangerous_set_table_name("idem_consumer_migrations");
+            migrator.run(pool).await
+        }
+
+        async fn begin_write(
+            pool: &Pool<Self>,
+        ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
+            pool.begin_with("BEGIN IMMEDIATE").await
+        }
+
+        async fn insert_processed<'c>(
+            conn: &'c mut SqliteConnection,
+            consumer: &'c str,
+            event: &'c EventId,
+            now_ms: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(
+                "INSERT INTO processed_events (consumer, event_id, processed_at)
+                 VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            )
+            .bind(consumer)
+            .bind(event.as_str())
+            .bind(now_ms)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn delete_processed_before(
+            pool: &Pool<Self>,
+            before_ms: i64,
+            batch: i64,
+        ) -> Result<u64, sqlx::Error> {
+            // A WITHOUT ROWID table: delete by the key.
+            let done = sqlx::query(
+                "DELETE FROM processed_events WHERE (consumer, event_id) IN
+                 (SELECT consumer, event_id FROM processed_events WHERE processed_at < ?1 LIMIT ?2)",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn insert_outbox<'c>(
+            conn: &'c mut SqliteConnection,
+            message: &'c Message,
+            now_ms: i64,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(
+                "INSERT INTO outbox (event_id, topic, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .bind(message.id.as_str())
+            .bind(&message.topic)
+            .bind(&message.payload)
+            .bind(now_ms)
+            .execute(conn)
+            .await?;
+            Ok(())
+        }
+
+        async fn pending(
+            conn: &mut SqliteConnection,
+            limit: i64,
+        ) -> Result<Vec<PendingEvent>, sqlx::Error> {
+            let rows = sqlx::query(
+                "SELECT seq, event_id, topic, payload FROM outbox
+                 WHERE sent_at IS NULL ORDER BY seq LIMIT ?1",
+            )
+            .bind(limit)
+            .fetch_all(conn)
+            .await?;
+            rows.iter().map(pending_from_row).collect()
+        }
+
+        async fn mark_sent<'c>(
+            conn: &'c mut SqliteConnection,
+            seqs: &'c [i64],
+            now_ms: i64,
+        ) -> Result<(), sqlx::Error> {
+            // One statement per row: SQLite has no array parameter, and these run inside one
+            // short transaction.
+            for seq in seqs {
+                sqlx::query("UPDATE outbox SET sent_at = ?1 WHERE seq = ?2 AND sent_at IS NULL")
+                    .bind(now_ms)
+                    .bind(seq)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            Ok(())
+        }
+
+        async fn delete_sent_before(
+            pool: &Pool<Self>,
+            before_ms: i64,
+            batch: i64,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(
+                "DELETE FROM outbox WHERE seq IN
+                 (SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < ?1 LIMIT ?2)",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn count_pending(pool: &Pool<Self>) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+                .fetch_one(pool)
+                .await
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use sqlx::{PgConnection, Postgres};
+
+    impl sealed::Sealed for Postgres {}
+
+    impl Database for Postgres {
+        const LOCKS_PENDING: bool = true;
+
+        async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
+            let mut migrator = sqlx::migrate!("migrations/postgres");
+            migrator.dangerous_set_table_name("idem_consumer_migrations");
+            migrator.run(pool).await
+        }
+
+        async fn begin_write(
+            pool: &Pool<Self>,
+        ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
+            pool.begin().await
+        }
+
+        async fn insert_processed<'c>(
+            conn: &'c mut PgConnection,
+            consumer: &'c str,
+            event: &'c EventId,
+            now_ms: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(
+                "INSERT INTO processed_events (consumer, event_id, processed_at)
+                 VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            )
+            .bind(consumer)
+            .bind(event.as_str())
+            .bind(now_ms)
+            .execute(conn)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn delete_processed_before(
+            pool: &Pool<Self>,
+            before_ms: i64,
+            batch: i64,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(
+                "DELETE FROM processed_events WHERE ctid = ANY (ARRAY(
+                     SELECT ctid FROM processed_events WHERE processed_at < $1 LIMIT $2))",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn insert_outbox<'c>(
+            conn: &'c mut PgConnection,
+            message: &'c Message,
+            now_ms: i64,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(
+                "INSERT INTO outbox (event_id, topic, payload, created_at) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(message.id.as_str())
+            .bind(&message.topic)
+            .bind(&message.payload)
+            .bind(now_ms)
+            .execute(conn)
+            .await?;
+            Ok(())
+        }
+
+        async fn pending(
+            conn: &mut PgConnection,
+            limit: i64,
+        ) -> Result<Vec<PendingEvent>, sqlx::Error> {
+            let rows = sqlx::query(
+                "SELECT seq, event_id, topic, payload FROM outbox
+                 WHERE sent_at IS NULL ORDER BY seq LIMIT $1
+                 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(limit)
+            .fetch_all(conn)
+            .await?;
+            rows.iter().map(pending_from_row).collect()
+        }
+
+        async fn mark_sent<'c>(
+            conn: &'c mut PgConnection,
+            seqs: &'c [i64],
+            now_ms: i64,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query("UPDATE outbox SET sent_at = $1 WHERE seq = ANY($2) AND sent_at IS NULL")
+                .bind(now_ms)
+                .bind(seqs)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn delete_sent_before(
+            pool: &Pool<Self>,
+            before_ms: i64,
+            batch: i64,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query(
+                "DELETE FROM outbox WHERE seq = ANY (ARRAY(
+                     SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < $1 LIMIT $2))",
+            )
+            .bind(before_ms)
+            .bind(batch)
+            .execute(pool)
+            .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn count_pending(pool: &Pool<Self>) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+                .fetch_one(pool)
+                .await
+        }
+    }
+}
