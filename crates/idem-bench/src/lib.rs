@@ -23,7 +23,8 @@
 //! against `idempotent-proxy-server`; idem's layer against `express-idempotency`. The peers are
 //! installed into `$HOME/.cache/idem-bench-peers` on first use; a row whose dependency is
 //! missing says so and is skipped. The core's micro-benchmarks are timed too (and run under
-//! criterion with `cargo bench -p idem-bench`).
+//! criterion with `cargo bench -p idem-bench`). Last, the peak resident set of `idem serve`
+//! (in a process of its own) with 256 connections open under load.
 //!
 //! ```no_run
 //! use clap::Parser as _;
@@ -42,6 +43,7 @@ use tokio::runtime::Handle;
 
 mod cpu;
 mod load;
+pub mod memory;
 pub mod micro;
 mod peers;
 mod pgbench;
@@ -194,7 +196,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let failed = report
         .rows
         .iter()
-        .any(|r| r.status == runner::Status::Failed);
+        .map(|r| r.status)
+        .chain(report.memory.iter().map(|m| m.status))
+        .any(|status| status == runner::Status::Failed);
     Ok(if failed {
         ExitCode::FAILURE
     } else {
@@ -240,8 +244,19 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
     };
 
     let mut micro = Vec::new();
+    let mut memory = None;
     let mut rows = Vec::new();
     for group in &settings.groups {
+        if *group == Group::Memory {
+            progress.set_message(format!(
+                "memory: idem serve with {} connections",
+                memory::CONNECTIONS
+            ));
+            let dir = tempfile::tempdir()?;
+            memory = Some(main.block_on(memory::measure(&env, dir.path())));
+            progress.inc(runner::planned_ms(Group::Memory, &settings));
+            continue;
+        }
         if *group == Group::Micro {
             progress.set_message("core micro-benchmarks");
             let budget = if settings.quick {
@@ -275,6 +290,7 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
         machine,
         micro,
         rows,
+        memory,
         wall_secs: started.elapsed().as_secs_f64(),
     })
 }

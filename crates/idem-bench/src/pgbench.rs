@@ -39,10 +39,11 @@ pub(crate) enum Script {
     /// The transaction the issue names as the floor, five statements: BEGIN, claim the key,
     /// insert the payment, store the response, COMMIT.
     Transaction,
-    /// Every statement `idem serve` sends for a first request, nine: the layer's read of the
-    /// key before the transaction, BEGIN, setting the claim's `lock_timeout`, the claim,
-    /// restoring `lock_timeout`, the service's retirement of an expired key's payment, the
-    /// payment, the response, COMMIT. What idem would cost if HTTP and the Rust side were free.
+    /// Every statement `idem serve` sends for a first request, seven: the layer's read of the
+    /// key before the transaction, BEGIN, the claim (which bounds its own wait with
+    /// `lock_timeout` and restores it), the service's retirement of an expired key's payment,
+    /// the payment, the response, COMMIT. What idem would cost if HTTP and the Rust side were
+    /// free.
     IdemStatements,
 }
 
@@ -72,10 +73,18 @@ pub(crate) fn script(kind: Script, now_ms: i64) -> String {
     let body = r#"{"id":"pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e","amount":49900,"currency":"INR","status":"succeeded","created_at":1795992070553}"#;
     let body_hex: String = body.bytes().map(|b| format!("{b:02x}")).collect();
     let headers = r#"[["content-type","application/json"],["location","/payments/pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e"]]"#;
-    let claim = format!(
-        r"INSERT INTO idempotency_keys AS k
+    // idem serve's claim bounds its wait in the same statement (see PgStore); the floor's
+    // transaction claims without a bound, as the issue's five statements do.
+    let bounded =
+        "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
+     bounded AS MATERIALIZED (
+         SELECT previous.lock_timeout, set_config('lock_timeout', '10000ms', true) FROM previous)
+";
+    let claim_with = |prefix: &str, source: &str, returning: &str| {
+        format!(
+            r"{prefix}INSERT INTO idempotency_keys AS k
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-VALUES ('acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n)
+{source}'acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n{close}
 ON CONFLICT (account_id, idem_key) DO UPDATE SET
     request_hash = excluded.request_hash, status = 'in_progress', response_code = NULL,
     response_headers = NULL, response_body = NULL, body_omitted = false,
@@ -85,8 +94,20 @@ WHERE (k.expires_at <= excluded.created_at
        AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
    OR (true AND k.status = 'in_progress' AND k.lease_until <= excluded.created_at
        AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token;
-"
+RETURNING fencing_token{returning};
+",
+            close = if source.starts_with("VALUES") {
+                ")"
+            } else {
+                " FROM bounded"
+            },
+        )
+    };
+    let claim = claim_with("", "VALUES (", "");
+    let bounded_claim = claim_with(
+        bounded,
+        "SELECT ",
+        ",\n    (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)",
     );
     let payment = format!(
         "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, reference, created_at)
@@ -118,10 +139,6 @@ WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND fencing_toke
        fencing_token
 FROM idempotency_keys WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n;
 ";
-            let set_timeout = "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout)
-SELECT previous.lock_timeout, set_config('lock_timeout', '10000ms', true) FROM previous;
-";
-            let restore = "SELECT set_config('lock_timeout', '0', true);\n";
             let retire = format!(
                 "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
 WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND created_at <= {retired_before};
@@ -130,9 +147,7 @@ WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND created_at <
             for statement in [
                 read,
                 begin,
-                set_timeout,
-                &claim,
-                restore,
+                &bounded_claim,
                 &retire,
                 &payment,
                 &complete,
@@ -270,14 +285,16 @@ mod tests {
     }
 
     #[test]
-    fn idem_statements_are_nine_and_in_order() {
+    fn idem_statements_are_seven_and_in_order() {
         let script = script(Script::IdemStatements, 1_795_992_070_553);
         let statements = statements(&script);
-        assert_eq!(statements.len(), 9, "{script}");
+        assert_eq!(statements.len(), 7, "{script}");
         assert!(statements[0].contains("SELECT request_hash"));
         assert!(statements[1].ends_with("BEGIN ISOLATION LEVEL READ COMMITTED"));
-        assert!(statements[3].starts_with("INSERT INTO idempotency_keys"));
-        assert_eq!(statements[8], "COMMIT");
+        assert!(statements[2].starts_with("WITH previous AS MATERIALIZED"));
+        assert!(statements[2].contains("INSERT INTO idempotency_keys"));
+        assert!(statements[2].contains("FROM bounded\nON CONFLICT"));
+        assert_eq!(statements[6], "COMMIT");
     }
 
     #[test]

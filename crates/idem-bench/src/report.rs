@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::memory::MemoryResult;
 use crate::micro::MicroResult;
 use crate::runner::{Row, Status};
 
@@ -20,6 +21,9 @@ pub struct Report {
     pub micro: Vec<MicroResult>,
     /// The HTTP workloads.
     pub rows: Vec<Row>,
+    /// `idem serve`'s memory under load, when the group ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryResult>,
     /// Wall time of the whole invocation, seconds.
     pub wall_secs: f64,
 }
@@ -175,6 +179,32 @@ impl Report {
                 ],
                 &rows,
             ));
+        }
+        if let Some(m) = &self.memory {
+            out.push('\n');
+            match m.status {
+                Status::Ok => writeln!(
+                    out,
+                    "memory: {} with {} connections open ({} seen at once): RSS {} MiB idle, \
+                     peak {} MiB, {} MiB at the end; {} req/s, p99 {} ms under that load",
+                    m.subject,
+                    m.connections,
+                    m.connections_seen
+                        .map_or_else(|| "-".into(), |n| n.to_string()),
+                    num(m.rss_idle_mib, 1),
+                    num(m.rss_peak_mib, 1),
+                    num(m.rss_end_mib, 1),
+                    num(m.throughput, 0),
+                    num(m.p99_ms, 1),
+                ),
+                _ => writeln!(
+                    out,
+                    "memory: {} failed: {}",
+                    m.subject,
+                    m.reason.as_deref().unwrap_or("")
+                ),
+            }
+            .expect("writing to a String");
         }
         let notes: Vec<String> = self
             .rows

@@ -39,11 +39,13 @@ pub enum Group {
     PeerLayer,
     /// The core's micro-benchmarks.
     Micro,
+    /// Peak RSS of `idem serve` with 256 open connections under load.
+    Memory,
 }
 
 impl Group {
     /// Every group, in the order the full command runs them.
-    pub const ALL: [Group; 7] = [
+    pub const ALL: [Group; 8] = [
         Group::Micro,
         Group::ServeSqlite,
         Group::ServePostgres,
@@ -51,6 +53,7 @@ impl Group {
         Group::GatewayPostgres,
         Group::GatewayRedis,
         Group::PeerLayer,
+        Group::Memory,
     ];
 
     /// The name `--only` takes.
@@ -63,6 +66,7 @@ impl Group {
             Group::GatewayRedis => "gateway-redis",
             Group::PeerLayer => "peer-layer",
             Group::Micro => "micro",
+            Group::Memory => "memory",
         }
     }
 
@@ -181,7 +185,7 @@ impl Group {
                     ahead,
                 )],
             ),
-            Group::Micro => (vec![], vec![]),
+            Group::Micro | Group::Memory => (vec![], vec![]),
         }
     }
 
@@ -208,7 +212,7 @@ impl Group {
             }
             Group::GatewayRedis => gateway_redis(env).await,
             Group::PeerLayer => peer_layer(env).await,
-            Group::Micro => Ok(Prepared::default()),
+            Group::Micro | Group::Memory => Ok(Prepared::default()),
         }
     }
 }
@@ -472,7 +476,7 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
     let floor = pgbench("pgbench", "pgbench, same transaction", Script::Transaction);
     let statements = pgbench(
         "pgbench-idem",
-        "pgbench, idem's 9 statements",
+        "pgbench, idem's 7 statements",
         Script::IdemStatements,
     );
     prepared.variants = vec![

@@ -1,6 +1,6 @@
 //! A smoke run of the workloads that need nothing beyond this repository, so the harness
 //! cannot rot: `idem-bench --quick --json` on the layer and replays on SQLite, the gateway on
-//! SQLite, and the micro-benchmarks. The figures are not checked against targets (a shared
+//! SQLite, the micro-benchmarks, and `idem serve`'s memory with 256 connections open. The figures are not checked against targets (a shared
 //! CI machine says little about speed), only that the report has its shape and every number
 //! is a positive measurement.
 
@@ -25,7 +25,7 @@ fn quick_run_of_the_self_contained_workloads() {
             "--concurrency",
             "8",
             "--only",
-            "micro,serve-sqlite,gateway-sqlite",
+            "micro,serve-sqlite,gateway-sqlite,memory",
         ])
         .output()
         .expect("run idem-bench");
@@ -81,4 +81,17 @@ fn quick_run_of_the_self_contained_workloads() {
         }
         assert!(row["added_p50_ms"].is_number() && row["added_p99_ms"].is_number());
     }
+
+    let memory = &report["memory"];
+    assert_eq!(memory["status"], "ok", "memory: {}", memory["reason"]);
+    assert_eq!(memory["connections"], 256);
+    let idle = positive(&memory["rss_idle_mib"], "rss_idle_mib");
+    let peak = positive(&memory["rss_peak_mib"], "rss_peak_mib");
+    assert!(
+        peak >= idle,
+        "the peak {peak} MiB is below the idle {idle} MiB"
+    );
+    positive(&memory["connections_seen"], "connections_seen");
+    positive(&memory["throughput"], "memory throughput");
+    assert_eq!(memory["errors"], 0);
 }

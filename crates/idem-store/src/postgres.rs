@@ -23,7 +23,7 @@ use idem_core::{
 };
 use sqlx::migrate::MigrateError;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{PgExecutor, Postgres, Row};
+use sqlx::{Connection as _, PgExecutor, Postgres, Row};
 use tokio::time::Instant;
 
 use crate::{
@@ -45,6 +45,9 @@ pub struct PgStore {
 /// How long [`PgStore::connect`]'s pool waits for a connection before the store reports itself
 /// unavailable: a request should get its `503` well within a client's timeout.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A pooled connection idle for this long is tested (a round trip) before it is handed out.
+const RETEST_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// How many times a claim is retried when the record it lost to vanished (released or swept)
 /// before it could be read. Each retry means another writer changed the key in between, so a
@@ -125,15 +128,43 @@ WHERE k.account_id = doomed.account_id AND k.idem_key = doomed.idem_key";
 // first transaction's committed row once it is let through.
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-// Bounds the claim's wait for a concurrent claim of the key, and returns the setting in force
-// before so it can be put back: the handler's own writes should not inherit the claim's
-// (possibly nearly spent) wait. MATERIALIZED makes the old value be read before the new one
-// is set.
-const SET_LOCK_TIMEOUT: &str = "
-WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout)
-SELECT previous.lock_timeout, set_config('lock_timeout', $1, true) FROM previous";
-
-const RESTORE_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+// The claim inside a transaction (transaction mode): CLAIM with its wait bounded by
+// `lock_timeout` ($9), in one round trip instead of three (set, claim, restore). The
+// MATERIALIZED CTEs read the setting in force, then set the bound, before the row to insert is
+// produced, so before the insert can block on a concurrent claim's row (PostgreSQL reads
+// `lock_timeout` when a wait starts). RETURNING puts the old setting back once the key is
+// ours: the handler's own writes should not inherit the claim's (possibly nearly spent) wait.
+// A claim that loses or times out ends in a rollback, which undoes the setting anyway.
+const CLAIM_WITH_LOCK_TIMEOUT: &str = "
+WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
+     bounded AS MATERIALIZED (
+         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)
+INSERT INTO idempotency_keys AS k
+    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
+SELECT $1, $2, $3, 'in_progress',
+       to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
+       to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
+       to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
+       $7
+FROM bounded
+ON CONFLICT (account_id, idem_key) DO UPDATE SET
+    request_hash = excluded.request_hash,
+    status = 'in_progress',
+    response_code = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    body_omitted = false,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at,
+    lease_until = excluded.lease_until,
+    fencing_token = excluded.fencing_token
+WHERE (k.expires_at <= excluded.created_at
+       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
+   OR ($8 AND k.status = 'in_progress'
+       AND k.lease_until <= excluded.created_at
+       AND k.request_hash = excluded.request_hash)
+RETURNING fencing_token,
+          (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)";
 
 impl PgStore {
     /// Connects to the database named by a URL such as `postgres://user@host/db` (a pool of
@@ -141,6 +172,19 @@ impl PgStore {
     pub async fn connect(url: &str) -> Result<Self> {
         let pool = PgPoolOptions::new()
             .max_connections(10)
+            // sqlx tests every connection on its way back to the pool (a round trip off the
+            // request's path) and, by default, again on its way out: a round trip on the
+            // path of every statement or transaction. Only a connection that sat idle for a
+            // while can have broken since its last test, so only that one is tested again.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= RETEST_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect(url)
             .await
@@ -224,10 +268,20 @@ fn vanished(scope: &Scope) -> Error {
     ))
 }
 
-/// Runs the claim statement; `true` if the key is now ours. Returns the driver's error so the
-/// caller can tell a lock timeout apart.
-async fn claim_on<'e>(ex: impl PgExecutor<'e>, claim: &NewClaim) -> Result<bool, sqlx::Error> {
-    let row = sqlx::query(CLAIM)
+/// Runs the claim statement, its waits bounded by `lock_wait` (a `lock_timeout` setting) if
+/// given; `true` if the key is now ours. Returns the driver's error so the caller can tell a
+/// lock timeout apart.
+async fn claim_on<'e>(
+    ex: impl PgExecutor<'e>,
+    claim: &NewClaim,
+    lock_wait: Option<String>,
+) -> Result<bool, sqlx::Error> {
+    let statement = if lock_wait.is_some() {
+        CLAIM_WITH_LOCK_TIMEOUT
+    } else {
+        CLAIM
+    };
+    let mut query = sqlx::query(statement)
         .bind(claim.scope.account.as_str())
         .bind(claim.scope.key.as_str())
         .bind(&claim.fingerprint.as_bytes()[..])
@@ -235,9 +289,11 @@ async fn claim_on<'e>(ex: impl PgExecutor<'e>, claim: &NewClaim) -> Result<bool,
         .bind(claim.expires_at.0)
         .bind(claim.lease_until.0)
         .bind(claim.token.0)
-        .bind(claim.take_over_expired_lease)
-        .fetch_optional(ex)
-        .await?;
+        .bind(claim.take_over_expired_lease);
+    if let Some(lock_wait) = lock_wait {
+        query = query.bind(lock_wait);
+    }
+    let row = query.fetch_optional(ex).await?;
     Ok(row.is_some())
 }
 
@@ -312,7 +368,7 @@ impl Store for PgStore {
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
         for _ in 0..CLAIM_ATTEMPTS {
-            if claim_on(&self.pool, claim).await.map_err(classify)? {
+            if claim_on(&self.pool, claim, None).await.map_err(classify)? {
                 return Ok(ClaimOutcome::Claimed);
             }
             // The claim lost to a record; read it in a new statement. It may have been
@@ -386,21 +442,9 @@ impl TransactionalStore for PgStore {
             };
             let lock_wait =
                 lock_timeout_setting(deadline.saturating_duration_since(Instant::now()));
-            let previous: String = sqlx::query_scalar(SET_LOCK_TIMEOUT)
-                .bind(lock_wait)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(classify)?;
-            // Blocks while another open transaction holds the key.
-            match claim_on(&mut *tx, claim).await {
-                Ok(true) => {
-                    sqlx::query(RESTORE_LOCK_TIMEOUT)
-                        .bind(previous)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(classify)?;
-                    return Ok(TxClaim::Claimed(tx));
-                }
+            // Blocks while another open transaction holds the key, for at most `lock_wait`.
+            match claim_on(&mut *tx, claim, Some(lock_wait)).await {
+                Ok(true) => return Ok(TxClaim::Claimed(tx)),
                 Ok(false) => {}
                 Err(e) if is_lock_timeout(&e) => {
                     // The timeout aborted the transaction; end it so the connection goes back

@@ -85,8 +85,13 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(5))
             .foreign_keys(true);
+        // No test of a connection on its way out of a pool: an SQLite connection is a file
+        // handle in this process, not a socket that can break while idle, and sqlx's test is a
+        // round trip to the connection's worker thread; for the writer, one more step of the
+        // single writer's hold on every transaction. (sqlx still tests it on its way back.)
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             // Waits are bounded by the callers (`begin_claim`'s wait); this is the backstop.
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.clone())
@@ -96,6 +101,7 @@ impl SqliteStore {
         migrator.run(&writer).await.map_err(Error::Migrate)?;
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
