@@ -39,11 +39,11 @@ pub(crate) enum Script {
     /// The transaction the issue names as the floor, five statements: BEGIN, claim the key,
     /// insert the payment, store the response, COMMIT.
     Transaction,
-    /// Every statement `idem serve` sends for a first request, seven: the layer's read of the
+    /// Every statement `idem serve` sends for a first request, six: the layer's read of the
     /// key before the transaction, BEGIN, the claim (which bounds its own wait with
-    /// `lock_timeout` and restores it), the service's retirement of an expired key's payment,
-    /// the payment, the response, COMMIT. What idem would cost if HTTP and the Rust side were
-    /// free.
+    /// `lock_timeout` and restores it), the payment (which retires an expired key's payment
+    /// only when one holds the key), the response, COMMIT. What idem would cost if HTTP and
+    /// the Rust side were free.
     IdemStatements,
 }
 
@@ -67,7 +67,6 @@ pub(crate) fn script(kind: Script, now_ms: i64) -> String {
     let now = ts(now_ms);
     let expires = ts(now_ms + 24 * 60 * 60 * 1000);
     let lease = ts(now_ms + 30 * 1000);
-    let retired_before = ts(now_ms - 24 * 60 * 60 * 1000);
     let hash = "ab".repeat(32);
     // About the size of idem serve's 201 body and its stored headers.
     let body = r#"{"id":"pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e","amount":49900,"currency":"INR","status":"succeeded","created_at":1795992070553}"#;
@@ -139,16 +138,14 @@ WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND fencing_toke
        fencing_token
 FROM idempotency_keys WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n;
 ";
-            let retire = format!(
-                "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
-WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND created_at <= {retired_before};
-"
-            );
+            // idem serve inserts with ON CONFLICT DO NOTHING and retires an expired key's
+            // payment only when the insert found one (never, with fresh keys).
+            let payment =
+                payment.replace(";\n", "\nON CONFLICT (account_id, idem_key) DO NOTHING;\n");
             for statement in [
                 read,
                 begin,
                 &bounded_claim,
-                &retire,
                 &payment,
                 &complete,
                 "COMMIT;\n",
@@ -285,16 +282,18 @@ mod tests {
     }
 
     #[test]
-    fn idem_statements_are_seven_and_in_order() {
+    fn idem_statements_are_six_and_in_order() {
         let script = script(Script::IdemStatements, 1_795_992_070_553);
         let statements = statements(&script);
-        assert_eq!(statements.len(), 7, "{script}");
+        assert_eq!(statements.len(), 6, "{script}");
         assert!(statements[0].contains("SELECT request_hash"));
         assert!(statements[1].ends_with("BEGIN ISOLATION LEVEL READ COMMITTED"));
         assert!(statements[2].starts_with("WITH previous AS MATERIALIZED"));
         assert!(statements[2].contains("INSERT INTO idempotency_keys"));
         assert!(statements[2].contains("FROM bounded\nON CONFLICT"));
-        assert_eq!(statements[6], "COMMIT");
+        assert!(statements[3].contains("INSERT INTO payments"));
+        assert!(statements[3].ends_with("ON CONFLICT (account_id, idem_key) DO NOTHING"));
+        assert_eq!(statements[5], "COMMIT");
     }
 
     #[test]

@@ -252,6 +252,45 @@ async fn a_key_past_its_retention_is_new() {
     server.stop().await;
 }
 
+/// The same on PostgreSQL, whose payment insert takes another path (one statement when the key
+/// is free, the retirement only when a payment holds it).
+#[tokio::test]
+async fn a_key_past_its_retention_is_new_on_postgres() {
+    let database = idem_store::testing::PgTestDatabase::create().await;
+    let url = database.url().to_owned();
+    let server = TestServer::start_with(|c| c.database = url).await;
+    let first = send(server.post(ALICE, Some("retention-key-1"), BODY)).await;
+    assert_eq!(first.status, 201);
+    server.clock.advance(Duration::from_secs(24 * 3600));
+    let after = send(server.post(ALICE, Some("retention-key-1"), BODY)).await;
+    assert_eq!(after.status, 201);
+    assert!(!after.replayed());
+    assert_ne!(after.id(), first.id());
+    let pool = database.pool(1).await;
+    let holders: Vec<(String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT id, idem_key, retired_idem_key FROM payments ORDER BY created_at")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        holders,
+        vec![
+            (
+                first.id().to_owned(),
+                None,
+                Some("retention-key-1".to_owned())
+            ),
+            (
+                after.id().to_owned(),
+                Some("retention-key-1".to_owned()),
+                None
+            ),
+        ]
+    );
+    pool.close().await;
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_body_over_the_limit_is_413_before_any_work() {
     let server = TestServer::start().await;

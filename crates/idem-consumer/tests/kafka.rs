@@ -6,40 +6,30 @@
 //! then says whether the group's committed offset skipped the rest, without a fixed sleep.
 #![cfg(feature = "kafka")]
 
+mod common;
+
 use std::time::Duration;
+
+use common::{GROUP, TOPIC, message, namespace, next_within};
 
 use idem_consumer::any::{AnyPublisher, AnySubscription, BrokerSettings, delete_broker_objects};
 use idem_consumer::kafka::{KafkaConfig, KafkaPublisher, KafkaSubscription, delete};
-use idem_consumer::{Delivery, EventId, Message, Published, Publisher, Subscription};
+use idem_consumer::{Delivery, Published, Publisher, Subscription};
 
 const SERVERS: &str = "127.0.0.1:19092";
-const TOPIC: &str = "payment.succeeded";
-const GROUP: &str = "receipts";
 /// Joining a group takes a rebalance, which takes a few seconds on a fresh group.
 const WAIT: Duration = Duration::from_secs(15);
 
 fn config() -> KafkaConfig {
-    let namespace = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let namespace = namespace();
     KafkaConfig {
         session_timeout: Duration::from_secs(6),
         ..KafkaConfig::new(SERVERS, namespace)
     }
 }
 
-fn message(id: &str, payload: &str) -> Message {
-    Message {
-        id: EventId::new(id).unwrap(),
-        topic: TOPIC.to_owned(),
-        payload: payload.as_bytes().to_vec(),
-    }
-}
-
 async fn next<S: Subscription>(sub: &mut S) -> S::Delivery {
-    tokio::time::timeout(WAIT, sub.next())
-        .await
-        .expect("a delivery in time")
-        .expect("no broker error")
-        .expect("the subscription is open")
+    next_within(sub, WAIT).await
 }
 
 async fn subscribe(config: &KafkaConfig) -> KafkaSubscription {
@@ -179,7 +169,7 @@ async fn a_dead_lettered_message_is_kept_aside_and_not_redelivered() {
 
 #[tokio::test]
 async fn any_broker_settings_reach_kafka() {
-    let namespace = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let namespace = namespace();
     let settings = BrokerSettings {
         session_timeout: Duration::from_secs(6),
         ..BrokerSettings::new(format!("kafka://{SERVERS}"), namespace, TOPIC, GROUP)

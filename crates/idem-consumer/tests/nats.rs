@@ -2,20 +2,22 @@
 //! works in a namespace of its own and deletes its stream at the end.
 #![cfg(feature = "nats")]
 
+mod common;
+
 use std::time::Duration;
+
+use common::{GROUP, TOPIC, message, namespace, next_within, nothing};
 
 use idem_consumer::any::{AnyPublisher, AnySubscription, BrokerSettings, delete_broker_objects};
 use idem_consumer::nats::{NatsConfig, NatsPublisher, NatsSubscription, delete_namespace};
-use idem_consumer::{Delivery, EventId, Message, Published, Publisher, Subscription};
+use idem_consumer::{Delivery, Published, Publisher, Subscription};
 
 const URL: &str = "nats://127.0.0.1:4222";
-const TOPIC: &str = "payment.succeeded";
-const GROUP: &str = "receipts";
 /// Long enough for any delivery that is coming on loopback.
 const WAIT: Duration = Duration::from_secs(5);
 
 fn config() -> NatsConfig {
-    let namespace = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let namespace = namespace();
     NatsConfig {
         // Short, so that a "crashed" consumer's message comes back quickly.
         ack_wait: Duration::from_secs(1),
@@ -24,30 +26,8 @@ fn config() -> NatsConfig {
     }
 }
 
-fn message(id: &str, payload: &str) -> Message {
-    Message {
-        id: EventId::new(id).unwrap(),
-        topic: TOPIC.to_owned(),
-        payload: payload.as_bytes().to_vec(),
-    }
-}
-
 async fn next<S: Subscription>(sub: &mut S) -> S::Delivery {
-    tokio::time::timeout(WAIT, sub.next())
-        .await
-        .expect("a delivery in time")
-        .expect("no broker error")
-        .expect("the subscription is open")
-}
-
-/// Nothing arrives within `quiet` (which must exceed the ack wait for redeliveries to show).
-async fn nothing<S: Subscription>(sub: &mut S, quiet: Duration)
-where
-    S::Delivery: std::fmt::Debug,
-{
-    if let Ok(delivery) = tokio::time::timeout(quiet, sub.next()).await {
-        panic!("expected no delivery, got {delivery:?}");
-    }
+    next_within(sub, WAIT).await
 }
 
 #[tokio::test]
@@ -188,7 +168,7 @@ async fn the_same_id_twice_within_the_window_is_stored_once() {
 
 #[tokio::test]
 async fn any_broker_settings_reach_jetstream() {
-    let namespace = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let namespace = namespace();
     let settings = BrokerSettings::new(URL, namespace, TOPIC, GROUP);
     let publisher = AnyPublisher::connect(&settings).await.unwrap();
     let mut sub = AnySubscription::connect(&settings).await.unwrap();

@@ -183,7 +183,30 @@ impl Backend for SqliteStore {
         payment: &'a Payment,
         event: Option<&'a idem_consumer::Message>,
     ) -> Result<(), sqlx::Error> {
-        if let Some(key) = key {
+        let insert = |conflict: &'static str| {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO payments
+                     (id, account_id, idem_key, amount, currency, status, reference, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) {conflict}"
+            )))
+            .bind(&payment.id)
+            .bind(account)
+            .bind(key)
+            .bind(payment.amount)
+            .bind(&payment.currency)
+            .bind(&payment.status)
+            .bind(&payment.reference)
+            .bind(payment.created_at)
+        };
+        // The common case in one statement: the key holds no payment yet.
+        let inserted = insert("ON CONFLICT (account_id, idem_key) DO NOTHING")
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+        if inserted == 0 {
+            // A payment holds the key. Only one made before the key's retention ended may
+            // give it up; if it is younger, the plain insert below fails on the UNIQUE: the
+            // safety net against a duplicate the layer let through.
             sqlx::query(
                 "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
                  WHERE account_id = ?1 AND idem_key = ?2 AND created_at <= ?3",
@@ -193,22 +216,8 @@ impl Backend for SqliteStore {
             .bind(retired_before)
             .execute(&mut **tx)
             .await?;
+            insert("").execute(&mut **tx).await?;
         }
-        sqlx::query(
-            "INSERT INTO payments
-                 (id, account_id, idem_key, amount, currency, status, reference, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )
-        .bind(&payment.id)
-        .bind(account)
-        .bind(key)
-        .bind(payment.amount)
-        .bind(&payment.currency)
-        .bind(&payment.status)
-        .bind(&payment.reference)
-        .bind(payment.created_at)
-        .execute(&mut **tx)
-        .await?;
         if let Some(event) = event {
             idem_consumer::enqueue::<sqlx::Sqlite>(&mut **tx, event, payment.created_at).await?;
         }
@@ -346,7 +355,33 @@ impl Backend for PgStore {
         payment: &'a Payment,
         event: Option<&'a idem_consumer::Message>,
     ) -> Result<(), sqlx::Error> {
-        if let Some(key) = key {
+        let insert = |conflict: &'static str| {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO payments
+                     (id, account_id, idem_key, amount, currency, status, reference, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7,
+                         to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')
+                 {conflict}"
+            )))
+            .bind(&payment.id)
+            .bind(account)
+            .bind(key)
+            .bind(payment.amount)
+            .bind(&payment.currency)
+            .bind(&payment.status)
+            .bind(&payment.reference)
+            .bind(payment.created_at)
+        };
+        // The common case in one round trip: the key holds no payment yet. (A failed INSERT
+        // would abort the transaction, hence DO NOTHING and a look at the count.)
+        let inserted = insert("ON CONFLICT (account_id, idem_key) DO NOTHING")
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+        if inserted == 0 {
+            // A payment holds the key. Only one made before the key's retention ended may
+            // give it up; if it is younger, the plain insert below fails on the UNIQUE: the
+            // safety net against a duplicate the layer let through.
             sqlx::query(
                 "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
                  WHERE account_id = $1 AND idem_key = $2
@@ -357,23 +392,8 @@ impl Backend for PgStore {
             .bind(retired_before)
             .execute(&mut **tx)
             .await?;
+            insert("").execute(&mut **tx).await?;
         }
-        sqlx::query(
-            "INSERT INTO payments
-                 (id, account_id, idem_key, amount, currency, status, reference, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7,
-                     to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')",
-        )
-        .bind(&payment.id)
-        .bind(account)
-        .bind(key)
-        .bind(payment.amount)
-        .bind(&payment.currency)
-        .bind(&payment.status)
-        .bind(&payment.reference)
-        .bind(payment.created_at)
-        .execute(&mut **tx)
-        .await?;
         if let Some(event) = event {
             idem_consumer::enqueue::<sqlx::Postgres>(&mut **tx, event, payment.created_at).await?;
         }
