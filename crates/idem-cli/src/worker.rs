@@ -52,6 +52,11 @@ pub struct WorkerArgs {
     /// in milliseconds.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1000..))]
     pub session_timeout_ms: u64,
+    /// How long an event stays in the inbox after it was applied, in hours. A redelivery after
+    /// that would apply it again: keep it longer than the broker keeps messages (JetStream's
+    /// stream max age, Kafka's topic retention).
+    #[arg(long, default_value_t = 7 * 24, value_parser = clap::value_parser!(u64).range(1..))]
+    pub inbox_retention_hours: u64,
     /// Serve Prometheus metrics (`idem_consumer_duplicates_total`, …) at
     /// `http://ADDR/metrics`.
     #[arg(long, value_name = "ADDR")]
@@ -107,6 +112,24 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
         crate::serve::metrics_handle();
     }
 
+    // Old inbox rows go in batches, every hour, from any worker (deletes are idempotent).
+    let expiry = {
+        let pool = store.write_pool().clone();
+        let retention = Duration::from_secs(args.inbox_retention_hours * 3600);
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(3600));
+            loop {
+                every.tick().await;
+                let now = SystemClock.now().0;
+                match Inbox::expire(&pool, retention, now, 1000).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "expired old inbox rows"),
+                    Err(e) => tracing::warn!(error = %e, "expiring inbox rows failed"),
+                }
+            }
+        })
+    };
+
     let mut subscription = AnySubscription::connect(&settings)
         .await
         .with_context(|| format!("cannot subscribe on {}", redact(&settings.url)))?;
@@ -128,8 +151,9 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
         Consumer::new(args.consumer.clone(), handler).with_delivery_limit(args.delivery_limit);
     let stats = consumer
         .run(&mut subscription, crate::serve::shutdown_signal())
-        .await
-        .context("the broker failed")?;
+        .await;
+    expiry.abort();
+    let stats = stats.context("the broker failed")?;
     eprintln!(
         "idem worker: {} receipts written, {} duplicates suppressed, {} retried, {} dead-lettered",
         stats.applied, stats.duplicates, stats.retried, stats.dead_lettered

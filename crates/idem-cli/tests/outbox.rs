@@ -242,6 +242,16 @@ async fn count(db: &Db, sql: &str) -> i64 {
     .expect("count")
 }
 
+/// Runs a statement written by the test.
+async fn execute(db: &Db, sql: &str) {
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    match db {
+        Db::Sqlite(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+        Db::Postgres(pool) => sqlx::query(sql).execute(pool).await.map(drop),
+    }
+    .expect("execute")
+}
+
 /// Waits until the database holds `n` receipts (the worker commits them as it goes).
 async fn await_receipts(pool: &Db, n: i64, workers: &[&Proc]) {
     let deadline = Instant::now() + PATIENCE;
@@ -546,4 +556,50 @@ async fn rabbitmq_two_relays_and_two_workers_deliver_every_event_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_two_relays_and_two_workers_deliver_every_event_once() {
     two_relays_two_workers(KAFKA).await;
+}
+
+/// The worker deletes inbox rows older than `--inbox-retention-hours` (at start, then hourly)
+/// and keeps the recent ones.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_worker_expires_old_inbox_rows_and_keeps_recent_ones() {
+    let namespace = Namespace::new(NATS);
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let mut first = worker(NATS, namespace.name(), &database, &[]);
+    first.terminate();
+    let db = pool(&database).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    execute(
+        &db,
+        &format!(
+            "INSERT INTO processed_events (consumer, event_id, processed_at) VALUES
+             ('receipts', 'evt_old', 0), ('receipts', 'evt_recent', {now})"
+        ),
+    )
+    .await;
+    let w = worker(
+        NATS,
+        namespace.name(),
+        &database,
+        &["--inbox-retention-hours", "1"],
+    );
+    // The first expiry runs as the worker starts (it may print before "consuming").
+    let old = "SELECT count(*) FROM processed_events WHERE event_id = 'evt_old'";
+    let deadline = Instant::now() + PATIENCE;
+    while count(&db, old).await > 0 {
+        assert!(Instant::now() < deadline, "never expired:\n{}", w.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(w.count_lines("expired old inbox rows"), 1, "{}", w.log());
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM processed_events WHERE event_id = 'evt_recent'"
+        )
+        .await,
+        1
+    );
 }

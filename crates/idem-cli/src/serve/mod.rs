@@ -262,9 +262,23 @@ async fn serve_on<B: Backend>(
                 .with_poll_interval(config.relay_poll)
                 .with_clock(config.clock.clone());
             tracing::info!(broker = %backend::redact(&settings.url), "relaying payment events from the outbox");
-            Some(tokio::spawn(async move {
-                relay.run(std::future::pending()).await
-            }))
+            let relay = Arc::new(relay);
+            let expiring = relay.clone();
+            // Sent rows are kept a while (to look into what was announced), then deleted in
+            // batches; unsent rows are never deleted.
+            let expiry = tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(3600));
+                loop {
+                    every.tick().await;
+                    match expiring.expire_sent(SENT_EVENT_RETENTION, 1000).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(deleted = n, "expired sent outbox events"),
+                        Err(e) => tracing::warn!(error = %e, "expiring sent outbox events failed"),
+                    }
+                }
+            });
+            let relaying = tokio::spawn(async move { relay.run(std::future::pending()).await });
+            Some([relaying, expiry])
         }
         None => None,
     };
@@ -326,13 +340,16 @@ async fn serve_on<B: Backend>(
         .context("the server failed");
     sweeper.abort();
     reconciler.abort();
-    if let Some(relay) = relay {
-        // A pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
-        // publishes them again, and the consumers' inbox absorbs any copy.
-        relay.abort();
+    // A relay pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
+    // publishes them again, and the consumers' inbox absorbs any copy.
+    for task in relay.into_iter().flatten() {
+        task.abort();
     }
     result
 }
+
+/// How long a sent outbox event is kept before it is deleted.
+const SENT_EVENT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Shared state of the service.
 #[derive(Debug, Clone)]
