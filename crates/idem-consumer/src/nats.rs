@@ -13,7 +13,8 @@
 //! again, so the inbox (`processed_events`) still does the dedup. A publish outside the window
 //! is stored again. After `max_deliver` deliveries JetStream simply stops delivering the
 //! message (it has no dead-letter queue of its own), so the consumer loop dead-letters at the
-//! last attempt; [`NatsDelivery::dead_letter`] copies the message to the subject
+//! last attempt; `max_deliver` is one more than the delivery limit, so a message whose last
+//! attempt died with its consumer comes back once more and is dead-lettered unhandled; [`NatsDelivery::dead_letter`] copies the message to the subject
 //! `{namespace}.dead.{topic}` in the same stream and then acknowledges the original.
 //!
 //! **Prefetch.** Every message pulled counts as delivered, even one still waiting in the
@@ -71,8 +72,9 @@ pub struct NatsConfig {
     /// It bounds how long a crashed consumer's message waits, and must exceed the longest
     /// side effect. Set when the consumer is created; an existing consumer keeps its own.
     pub ack_wait: Duration,
-    /// The consumer's `max_deliver` (default 5): JetStream delivers a message at most this
-    /// many times.
+    /// How many deliveries the consumer loop gives a message (default 5). JetStream's
+    /// `max_deliver` is one more, for the delivery that dead-letters a message whose last
+    /// attempt crashed.
     pub delivery_limit: u32,
     /// How long a retried (nak'd) message waits before its redelivery (default none).
     pub retry_delay: Duration,
@@ -269,7 +271,7 @@ impl NatsSubscription {
                     deliver_policy: DeliverPolicy::All,
                     ack_policy: AckPolicy::Explicit,
                     ack_wait: config.ack_wait,
-                    max_deliver: i64::from(config.delivery_limit.max(1)),
+                    max_deliver: i64::from(config.delivery_limit.max(1)) + 1,
                     ..Default::default()
                 },
             )

@@ -197,3 +197,58 @@ async fn an_unknown_scheme_is_a_typed_error() {
         .expect("an UnsupportedBroker");
     assert_eq!(unsupported.scheme, "redis");
 }
+
+/// A message whose last allowed delivery died with its worker (no ack, no retry) comes back
+/// once more, and the consumer loop dead-letters it without running the handler again: a
+/// message that kills every worker cannot kill them forever.
+#[tokio::test]
+async fn a_message_whose_last_attempt_crashed_is_dead_lettered_unhandled() {
+    use idem_consumer::{Consumer, ConsumerStats, Handled, Handler, HandlerError};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[derive(Debug, Default)]
+    struct Counting(AtomicU32);
+    impl Handler for Counting {
+        async fn handle(&self, _: &idem_consumer::Message) -> Result<Handled, HandlerError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Handled::Applied)
+        }
+    }
+
+    let config = NatsConfig {
+        delivery_limit: 1,
+        ..config()
+    };
+    let publisher = NatsPublisher::connect(config.clone()).await.unwrap();
+    publisher
+        .publish(&message("evt_killer", "{}"))
+        .await
+        .unwrap();
+    {
+        // The worker takes its one allowed delivery and dies before any answer.
+        let mut crashed = NatsSubscription::connect(config.clone(), GROUP, TOPIC)
+            .await
+            .unwrap();
+        let delivery = next(&mut crashed).await;
+        assert_eq!(delivery.attempt(), 1);
+    }
+    let mut sub = NatsSubscription::connect(config.clone(), GROUP, TOPIC)
+        .await
+        .unwrap();
+    let again = next(&mut sub).await;
+    assert_eq!(again.attempt(), 2);
+    let consumer = Consumer::new("receipts", Counting::default()).with_delivery_limit(1);
+    let mut stats = ConsumerStats::default();
+    consumer.settle(again, &mut stats).await.unwrap();
+    assert_eq!(consumer.handler().0.load(Ordering::SeqCst), 0);
+    assert_eq!(stats.dead_lettered, 1);
+
+    let mut dead = NatsSubscription::dead_letters(config.clone(), GROUP, TOPIC)
+        .await
+        .unwrap();
+    let letter = next(&mut dead).await;
+    assert_eq!(letter.message().id.as_str(), "evt_killer");
+    assert_eq!(letter.dead_reason(), Some("delivery limit exceeded"));
+    letter.ack().await.unwrap();
+    delete_namespace(&config).await.unwrap();
+}
