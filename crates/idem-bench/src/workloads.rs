@@ -84,7 +84,7 @@ impl Group {
         });
         match self {
             Group::ServeSqlite => (
-                vec!["bare", "idem", "replay"],
+                vec!["bare", "bare-grouped", "idem", "replay"],
                 vec![
                     Comparison::new(
                         "layer-sqlite",
@@ -92,6 +92,13 @@ impl Group {
                         "bare",
                         "idem",
                         at_least(0.8),
+                    ),
+                    Comparison::new(
+                        "layer-sqlite-grouped",
+                        "layer cost, SQLite, same writer",
+                        "bare-grouped",
+                        "idem",
+                        None,
                     ),
                     Comparison::new(
                         "replays-sqlite",
@@ -406,6 +413,7 @@ async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
     let bare = servers::bare_payments(&env.runtimes.subject, &url).await?;
     let fresh = HttpTarget::post(&idem.url("/payments"), Some(&bearer()), PAYMENT);
     let bare_target = HttpTarget::post(&bare.url("/payments"), Some(&bearer()), PAYMENT);
+    let grouped_target = HttpTarget::post(&bare.url("/grouped/payments"), Some(&bearer()), PAYMENT);
     let replay = replay_variant(env, &fresh, "idem serve, replays").await;
     prepared.variants = vec![
         (
@@ -414,6 +422,14 @@ async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
                 "bare",
                 "bare handler, same INSERT",
                 bare_target,
+            )),
+        ),
+        (
+            "bare-grouped",
+            Ok(Variant::http(
+                "bare-grouped",
+                "bare handler, group commit",
+                grouped_target,
             )),
         ),
         ("idem", Ok(Variant::http("idem", "idem serve", fresh))),

@@ -63,7 +63,7 @@ pub use postgres::{PgStore, PgTx};
 #[cfg(feature = "redis")]
 pub use redis_store::RedisStore;
 #[cfg(feature = "sqlite")]
-pub use sqlite::{SqliteStore, SqliteTx};
+pub use sqlite::{GroupCommitFailed, SqliteStore, SqliteTx};
 
 /// A request to claim a key.
 #[derive(Debug, Clone)]

@@ -61,10 +61,10 @@ pub(crate) trait Backend: TransactionalStore + AdminStore {
     fn open_service(url: &str) -> impl Future<Output = anyhow::Result<Self>> + Send;
 
     /// Opens a transaction of the service's own (for requests without a key).
-    fn begin(&self) -> impl Future<Output = Result<Self::Tx, sqlx::Error>> + Send;
+    fn begin(&self) -> impl Future<Output = idem_store::Result<Self::Tx>> + Send;
 
     /// Commits a transaction opened with [`Backend::begin`].
-    fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+    fn commit(tx: Self::Tx) -> impl Future<Output = idem_store::Result<()>> + Send;
 
     /// Inserts `payment` in `tx`. With a key, first retires the key from a payment made before
     /// `retired_before` (a key past its retention is a new request). With an `event`, writes
@@ -167,11 +167,12 @@ impl Backend for SqliteStore {
         Ok(store)
     }
 
-    async fn begin(&self) -> Result<SqliteTx, sqlx::Error> {
-        self.writer().begin_with("BEGIN IMMEDIATE").await
+    /// A turn at the group committer, like a keyed request's.
+    async fn begin(&self) -> idem_store::Result<SqliteTx> {
+        SqliteStore::begin(self).await
     }
 
-    async fn commit(tx: SqliteTx) -> Result<(), sqlx::Error> {
+    async fn commit(tx: SqliteTx) -> idem_store::Result<()> {
         tx.commit().await
     }
 
@@ -339,12 +340,12 @@ impl Backend for PgStore {
         Ok(store)
     }
 
-    async fn begin(&self) -> Result<PgTx, sqlx::Error> {
-        self.pool().begin().await
+    async fn begin(&self) -> idem_store::Result<PgTx> {
+        Ok(self.pool().begin().await?)
     }
 
-    async fn commit(tx: PgTx) -> Result<(), sqlx::Error> {
-        tx.commit().await
+    async fn commit(tx: PgTx) -> idem_store::Result<()> {
+        Ok(tx.commit().await?)
     }
 
     async fn insert_payment<'a>(

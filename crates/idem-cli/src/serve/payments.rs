@@ -102,17 +102,16 @@ pub(crate) async fn create<B: Backend>(
         .then(|| payment_succeeded(account.as_str(), &payment));
     let event = event.as_ref();
     let inserted = match tx {
-        Some(mut tx) => {
-            B::insert_payment(
-                &mut tx,
-                account.as_str(),
-                key,
-                retired_before,
-                &payment,
-                event,
-            )
-            .await
-        }
+        Some(mut tx) => B::insert_payment(
+            &mut tx,
+            account.as_str(),
+            key,
+            retired_before,
+            &payment,
+            event,
+        )
+        .await
+        .map_err(idem_store::Error::from),
         None => match app.store.begin().await {
             Ok(mut own) => {
                 match B::insert_payment(
@@ -126,7 +125,7 @@ pub(crate) async fn create<B: Backend>(
                 .await
                 {
                     Ok(()) => B::commit(own).await,
-                    Err(e) => Err(e),
+                    Err(e) => Err(e.into()),
                 }
             }
             Err(e) => Err(e),
@@ -135,12 +134,11 @@ pub(crate) async fn create<B: Backend>(
     if let Err(e) = inserted {
         // A unique violation here means the idempotency layer let a duplicate through: the
         // safety net held. Either way nothing is committed (5xx rolls back).
-        let safety_net = e
-            .as_database_error()
-            .is_some_and(|d| d.is_unique_violation());
+        let safety_net = matches!(&e, idem_store::Error::Database(e)
+            if e.as_database_error().is_some_and(|d| d.is_unique_violation()));
         tracing::error!(error = %e, safety_net, "inserting a payment failed");
-        if idem_store::is_unavailable(&e) {
-            return database_error(e);
+        if matches!(e, idem_store::Error::Unavailable(_)) {
+            return unavailable();
         }
         return problem(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -182,6 +180,11 @@ pub(crate) fn payment_succeeded(account: &str, payment: &Payment) -> idem_consum
 /// `503` with `Retry-After`: the database could not be reached; nothing was done.
 pub(crate) fn database_error(e: sqlx::Error) -> Response {
     tracing::error!(error = %e, "the database failed");
+    unavailable()
+}
+
+/// `503` with `Retry-After`, the cause already logged.
+fn unavailable() -> Response {
     let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
         "store-unavailable",

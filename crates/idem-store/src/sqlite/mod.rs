@@ -1,9 +1,12 @@
 //! [`SqliteStore`]: the embedded default.
 //!
 //! SQLite allows one writer at a time, so the store keeps exactly one writer connection (a
-//! pool of one) and a pool of readers (WAL lets them read while the writer writes). Writers
-//! queue in the pool, fairly, instead of spinning on `SQLITE_BUSY`; `busy_timeout` still covers
-//! another process opening the same file.
+//! pool of one) and a pool of readers (WAL lets them read while the writer writes). The
+//! store's own writes take turns at the writer through a group committer
+//! ([`group_commit`]), which commits the writes of every request waiting at once: one `fsync`
+//! for many requests, each answered only after its writes are durable. Writers queue, fairly,
+//! instead of spinning on `SQLITE_BUSY`; `busy_timeout` still covers another process opening
+//! the same file.
 
 use std::path::Path;
 use std::str::FromStr;
@@ -15,27 +18,32 @@ use idem_core::{
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
-use sqlx::{Row, Sqlite, SqliteConnection};
+use sqlx::{Row, SqliteConnection};
 
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
     TxClaim, stored_scope,
 };
 
-/// The transaction a handler writes through in transaction mode.
-pub type SqliteTx = sqlx::Transaction<'static, Sqlite>;
+mod group_commit;
+
+use group_commit::GroupCommitter;
+pub use group_commit::{GroupCommitFailed, SqliteTx};
 
 /// Records in an SQLite file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     writer: SqlitePool,
     readers: SqlitePool,
+    committer: GroupCommitter,
 }
 
 // Claims a key if no record holds it, or replaces a record the claim may replace (past its
 // retention and not held by a live lease; or, if allowed, a stale claim of the same request).
-// One statement, so two claims can never both win.
-const CLAIM: &str = "
+// One statement, so two claims can never both win. (A macro, so that `concat!` can prefix it.)
+macro_rules! claim_sql {
+    () => {
+        "
 INSERT INTO idempotency_keys
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
 VALUES (?1, ?2, ?3, 'in_progress', ?4, ?5, ?6, ?7)
@@ -55,18 +63,33 @@ WHERE (idempotency_keys.expires_at <= ?4
    OR (?8 AND idempotency_keys.status = 'in_progress'
        AND idempotency_keys.lease_until <= ?4
        AND idempotency_keys.request_hash = ?3)
-RETURNING fencing_token";
+RETURNING fencing_token"
+    };
+}
+const CLAIM: &str = claim_sql!();
+/// [`CLAIM`], opening the request's savepoint (`group_commit::SAVEPOINT`) in the same round
+/// trip.
+const SAVEPOINT_AND_CLAIM: &str = concat!("SAVEPOINT idem_request;", claim_sql!());
 
 const SELECT: &str = "
 SELECT request_hash, status, response_code, response_headers, response_body, body_omitted,
        created_at, expires_at, lease_until, fencing_token
 FROM idempotency_keys WHERE account_id = ?1 AND idem_key = ?2";
 
-const COMPLETE: &str = "
+macro_rules! complete_sql {
+    () => {
+        "
 UPDATE idempotency_keys
 SET status = 'completed', response_code = ?4, response_headers = ?5, response_body = ?6,
     body_omitted = ?7
-WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND status = 'in_progress'";
+WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND status = 'in_progress'
+RETURNING 1;"
+    };
+}
+const COMPLETE: &str = complete_sql!();
+/// [`COMPLETE`], then the end of the request's savepoint (`group_commit::RELEASE`), in one
+/// round trip.
+const COMPLETE_AND_RELEASE: &str = concat!(complete_sql!(), "RELEASE idem_request;");
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path` and applies the migrations.
@@ -105,13 +128,32 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        Ok(Self { writer, readers })
+        let committer = GroupCommitter::spawn(writer.clone());
+        Ok(Self {
+            writer,
+            readers,
+            committer,
+        })
     }
 
-    /// The single writer connection's pool. Business writes outside an idempotent request go
-    /// through it too (SQLite has one writer); hold it briefly.
+    /// The single writer connection's pool, for writes that take it outside the group
+    /// committer (migrations, background jobs). Hold it briefly: the group committer waits
+    /// for it.
     pub fn writer(&self) -> &SqlitePool {
         &self.writer
+    }
+
+    /// A turn at the writer for business writes outside an idempotent request: they run in a
+    /// savepoint of the group committer's current transaction and commit with it
+    /// ([`SqliteTx::commit`]).
+    pub async fn begin(&self) -> Result<SqliteTx> {
+        let mut tx = self.committer.turn().await?;
+        tx.savepoint = true;
+        if let Err(e) = sqlx::query(group_commit::SAVEPOINT).execute(&mut *tx).await {
+            tx.fail();
+            return Err(e.into());
+        }
+        Ok(tx)
     }
 
     /// The readers' pool.
@@ -119,8 +161,13 @@ impl SqliteStore {
         &self.readers
     }
 
-    async fn claim_on(conn: &mut SqliteConnection, claim: &NewClaim) -> Result<bool> {
-        let row = sqlx::query(CLAIM)
+    /// Runs `sql` ([`CLAIM`], maybe with a prefix) for `claim`; whether the claim won.
+    async fn claim_on(
+        conn: &mut SqliteConnection,
+        sql: &'static str,
+        claim: &NewClaim,
+    ) -> Result<bool, sqlx::Error> {
+        let rows = sqlx::query(sql)
             .bind(claim.scope.account.as_str())
             .bind(claim.scope.key.as_str())
             .bind(&claim.fingerprint.as_bytes()[..])
@@ -129,9 +176,9 @@ impl SqliteStore {
             .bind(claim.lease_until.0)
             .bind(claim.token.0)
             .bind(claim.take_over_expired_lease)
-            .fetch_optional(&mut *conn)
+            .fetch_all(&mut *conn)
             .await?;
-        Ok(row.is_some())
+        Ok(!rows.is_empty())
     }
 
     async fn get_on(conn: &mut SqliteConnection, scope: &Scope) -> Result<Option<Record>> {
@@ -142,6 +189,42 @@ impl SqliteStore {
             .await?;
         row.map(|row| record_from_row(scope, &row)).transpose()
     }
+
+    /// Claims in a turn of the group committer, without a savepoint (one statement is
+    /// atomic); a lost claim reads the record that holds the key, on the same connection.
+    async fn claim_in_turn(tx: &mut SqliteTx, claim: &NewClaim) -> Result<ClaimOutcome> {
+        if Self::claim_on(tx, CLAIM, claim).await? {
+            return Ok(ClaimOutcome::Claimed);
+        }
+        // With one writer nothing can change the record in between.
+        match Self::get_on(tx, &claim.scope).await? {
+            Some(record) => Ok(ClaimOutcome::Existing(record)),
+            None => Err(lost_to_nothing(&claim.scope)),
+        }
+    }
+
+    /// Runs `write` in a turn of the group committer and returns its result once the group
+    /// has committed (a failed write ends the group at once, without it).
+    async fn in_turn<T>(&self, write: impl AsyncFnOnce(&mut SqliteTx) -> Result<T>) -> Result<T> {
+        let mut tx = self.committer.turn().await?;
+        match write(&mut tx).await {
+            Ok(value) => {
+                tx.commit_with_group().await?;
+                Ok(value)
+            }
+            Err(e) => {
+                tx.fail();
+                Err(e)
+            }
+        }
+    }
+}
+
+fn lost_to_nothing(scope: &Scope) -> Error {
+    Error::Corrupt(format!(
+        "a claim of key {} conflicted with a record that does not exist",
+        scope.log_label()
+    ))
 }
 
 fn record_from_row(scope: &Scope, row: &SqliteRow) -> Result<Record> {
@@ -177,14 +260,17 @@ fn record_from_row(scope: &Scope, row: &SqliteRow) -> Result<Record> {
     })
 }
 
+/// Runs `sql` ([`COMPLETE`], maybe with a suffix); whether the in-progress record held by
+/// `token` was completed.
 async fn complete_on(
     conn: &mut SqliteConnection,
+    sql: &'static str,
     scope: &Scope,
     token: FencingToken,
     response: &StoredResponse,
-) -> Result<bool> {
+) -> Result<bool, sqlx::Error> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-    let done = sqlx::query(COMPLETE)
+    let rows = sqlx::query(sql)
         .bind(scope.account.as_str())
         .bind(scope.key.as_str())
         .bind(token.0)
@@ -192,9 +278,9 @@ async fn complete_on(
         .bind(headers)
         .bind(&response.body[..])
         .bind(response.body_omitted)
-        .execute(&mut *conn)
+        .fetch_all(&mut *conn)
         .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(rows.len() == 1)
 }
 
 impl Store for SqliteStore {
@@ -203,20 +289,10 @@ impl Store for SqliteStore {
         Self::get_on(&mut conn, scope).await
     }
 
+    /// Answers once the claim is committed: a claim the caller acts on survives a crash.
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
-        let mut conn = self.writer.acquire().await?;
-        if Self::claim_on(&mut conn, claim).await? {
-            return Ok(ClaimOutcome::Claimed);
-        }
-        // The claim lost to a record; read it on the same connection. With one writer nothing
-        // can change it in between.
-        match Self::get_on(&mut conn, &claim.scope).await? {
-            Some(record) => Ok(ClaimOutcome::Existing(record)),
-            None => Err(Error::Corrupt(format!(
-                "a claim of key {} conflicted with a record that does not exist",
-                claim.scope.log_label()
-            ))),
-        }
+        self.in_turn(async |tx| Self::claim_in_turn(tx, claim).await)
+            .await
     }
 
     async fn complete(
@@ -225,8 +301,8 @@ impl Store for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool> {
-        let mut conn = self.writer.acquire().await?;
-        complete_on(&mut conn, scope, token, response).await
+        self.in_turn(async |tx| Ok(complete_on(tx, COMPLETE, scope, token, response).await?))
+            .await
     }
 
     async fn renew(
@@ -235,30 +311,38 @@ impl Store for SqliteStore {
         token: FencingToken,
         lease_until: Timestamp,
     ) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE idempotency_keys SET lease_until = ?4
-             WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND status = 'in_progress'",
-        )
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
-        .bind(token.0)
-        .bind(lease_until.0)
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.in_turn(async |tx| {
+            let done = sqlx::query(
+                "UPDATE idempotency_keys SET lease_until = ?4
+                 WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3
+                   AND status = 'in_progress'",
+            )
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(token.0)
+            .bind(lease_until.0)
+            .execute(&mut **tx)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
-        let done = sqlx::query(
-            "DELETE FROM idempotency_keys
-             WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND status = 'in_progress'",
-        )
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
-        .bind(token.0)
-        .execute(&self.writer)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        self.in_turn(async |tx| {
+            let done = sqlx::query(
+                "DELETE FROM idempotency_keys
+                 WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3
+                   AND status = 'in_progress'",
+            )
+            .bind(scope.account.as_str())
+            .bind(scope.key.as_str())
+            .bind(token.0)
+            .execute(&mut **tx)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
     }
 
     async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
@@ -280,25 +364,35 @@ impl TransactionalStore for SqliteStore {
     type Tx = SqliteTx;
 
     async fn begin_claim(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<SqliteTx>> {
-        // A concurrent claim of this key holds the writer until it commits or rolls back, so
-        // waiting for the writer is waiting for it.
-        let mut tx =
-            match tokio::time::timeout(wait, self.writer.begin_with("BEGIN IMMEDIATE")).await {
-                Ok(tx) => tx?,
-                Err(_elapsed) => return Ok(TxClaim::Busy),
-            };
-        if Self::claim_on(&mut tx, claim).await? {
+        // A concurrent claim of this key holds the writer until its turn ends, so waiting
+        // for a turn is waiting for it.
+        let mut tx = match tokio::time::timeout(wait, self.committer.turn()).await {
+            Ok(tx) => tx?,
+            Err(_elapsed) => return Ok(TxClaim::Busy),
+        };
+        tx.savepoint = true;
+        let won = match Self::claim_on(&mut tx, SAVEPOINT_AND_CLAIM, claim).await {
+            Ok(won) => won,
+            Err(e) => {
+                tx.fail();
+                return Err(e.into());
+            }
+        };
+        if won {
             return Ok(TxClaim::Claimed(tx));
         }
-        let record = Self::get_on(&mut tx, &claim.scope).await?;
-        tx.rollback().await?;
-        match record {
-            Some(record) => Ok(TxClaim::Existing(record)),
-            None => Err(Error::Corrupt(format!(
-                "a claim of key {} conflicted with a record that does not exist",
-                claim.scope.log_label()
-            ))),
-        }
+        let record = match Self::get_on(&mut tx, &claim.scope).await {
+            Ok(record) => record,
+            Err(e) => {
+                tx.fail();
+                return Err(e);
+            }
+        };
+        // The record may be an earlier request's of this group, not yet committed: answer
+        // with it only once it is.
+        tx.rollback_then_wait_for_group().await?;
+        let record = record.ok_or_else(|| lost_to_nothing(&claim.scope))?;
+        Ok(TxClaim::Existing(record))
     }
 
     async fn commit_response(
@@ -308,19 +402,29 @@ impl TransactionalStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<()> {
-        if !complete_on(&mut tx, scope, token, response).await? {
-            return Err(Error::Corrupt(format!(
-                "the key row of {} vanished inside its own transaction",
-                scope.log_label()
-            )));
+        match complete_on(&mut tx, COMPLETE_AND_RELEASE, scope, token, response).await {
+            Ok(true) => {
+                tx.savepoint = false;
+                tx.commit_with_group().await
+            }
+            // The savepoint is released, so this request's writes can no longer be undone
+            // alone: the whole group rolls back rather than commit them without a response.
+            Ok(false) => {
+                tx.poison();
+                Err(Error::Corrupt(format!(
+                    "the key row of {} vanished inside its own transaction",
+                    scope.log_label()
+                )))
+            }
+            Err(e) => {
+                tx.fail();
+                Err(e.into())
+            }
         }
-        tx.commit().await?;
-        Ok(())
     }
 
     async fn rollback(&self, tx: SqliteTx) -> Result<()> {
-        tx.rollback().await?;
-        Ok(())
+        tx.rollback().await
     }
 }
 
@@ -372,7 +476,9 @@ impl AdminStore for SqliteStore {
         .await?;
         // One writer connection: nothing can change the row between the read and the write.
         match token {
-            Some(token) => complete_on(&mut conn, scope, FencingToken(token), response).await,
+            Some(token) => {
+                Ok(complete_on(&mut conn, COMPLETE, scope, FencingToken(token), response).await?)
+            }
             None => Ok(false),
         }
     }
