@@ -52,7 +52,7 @@ enum Ending {
     /// It was dropped during its turn (a cancelled request): undo its savepoint, if open.
     Abandoned { savepoint: bool },
     /// A statement failed in a way that may have ended the group's transaction: undo the
-    /// savepoint if open, then commit the group now and tell each request whether it held.
+    /// savepoint if open, then end the group now and tell each request whether it committed.
     Failed { savepoint: bool },
     /// Its writes cannot be undone alone and must not commit: roll the whole group back.
     Poisoned,
@@ -123,11 +123,15 @@ async fn commit_groups(pool: SqlitePool, mut waiting: mpsc::UnboundedReceiver<Tu
                     false
                 }
                 Ending::Nothing | Ending::Abandoned { savepoint: false } => false,
-                Ending::Abandoned { savepoint: true } => run(&mut conn, ROLLBACK).await.is_err(),
+                // A savepoint that cannot be undone may hold writes nobody will answer for:
+                // they must not commit, so the whole group rolls back (its requests hear of
+                // it and retry).
+                Ending::Abandoned { savepoint: true } => {
+                    roll_back = run(&mut conn, ROLLBACK).await.is_err();
+                    roll_back
+                }
                 Ending::Failed { savepoint } => {
-                    if savepoint {
-                        let _ = run(&mut conn, ROLLBACK).await;
-                    }
+                    roll_back = savepoint && run(&mut conn, ROLLBACK).await.is_err();
                     true
                 }
                 Ending::Poisoned => {
