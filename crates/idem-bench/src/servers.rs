@@ -355,6 +355,7 @@ pub(crate) async fn upstream(runtime: &Handle) -> anyhow::Result<Server> {
     let mut server = spawn(runtime, |listener, shutdown| async move {
         let router = Router::new()
             .route("/payments", post(trivial_create).get(|| async { "ok" }))
+            .route("/slow/payments", post(slow_create))
             .with_state(Counter::default());
         axum::serve(listener, router)
             .with_graceful_shutdown(shutdown)
@@ -364,6 +365,16 @@ pub(crate) async fn upstream(runtime: &Handle) -> anyhow::Result<Server> {
     .await?;
     server.wait_until_up("/payments").await?;
     Ok(server)
+}
+
+/// How long the slow upstream's payments take: an API that waits on its database or a
+/// payment processor, without using this machine's CPU meanwhile.
+pub(crate) const SLOW_UPSTREAM: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// [`trivial_create`] after [`SLOW_UPSTREAM`].
+async fn slow_create(state: State<Counter>, body: Bytes) -> Response {
+    tokio::time::sleep(SLOW_UPSTREAM).await;
+    trivial_create(state, body).await
 }
 
 /// A plain reverse proxy in front of `upstream` (a base URL), with the same HTTP client and

@@ -163,7 +163,14 @@ impl Group {
                 )],
             ),
             Group::GatewayRedis => (
-                vec!["upstream", "plain", "proxy", "peer"],
+                vec![
+                    "upstream",
+                    "plain",
+                    "proxy",
+                    "peer",
+                    "upstream-slow",
+                    "proxy-slow",
+                ],
                 vec![
                     Comparison::new(
                         "gateway-redis",
@@ -171,6 +178,13 @@ impl Group {
                         "upstream",
                         "proxy",
                         at_least(0.8),
+                    ),
+                    Comparison::new(
+                        "gateway-redis-slow",
+                        "gateway, Redis, 5 ms upstream",
+                        "upstream-slow",
+                        "proxy-slow",
+                        None,
                     ),
                     Comparison::new(
                         "proxy-floor",
@@ -607,6 +621,32 @@ async fn gateway_redis(env: &Env) -> anyhow::Result<Prepared> {
     let (mut prepared, upstream) =
         gateway(env, StoreUrl::Redis(url.clone(), prefix), "Redis").await?;
     prepared.teardown.redis_cleanup = Some((url.clone(), format!("*{}*", env.tag)));
+    // The same pair in front of an upstream that takes its time, as real APIs do.
+    let slow = |id, label: &str, of: &str| {
+        let url = format!("{}slow/payments", of.trim_end_matches("payments"));
+        (
+            id,
+            Ok(Variant::http(
+                id,
+                format!("{label}, {} ms", servers::SLOW_UPSTREAM.as_millis()),
+                HttpTarget::post(&url, Some(&bearer()), PAYMENT),
+            )),
+        )
+    };
+    let proxy_url = match prepared.variants.iter().find(|(id, _)| *id == "proxy") {
+        Some((
+            _,
+            Ok(Variant {
+                driver: Driver::Http(target),
+                ..
+            }),
+        )) => target.uri.to_string(),
+        _ => anyhow::bail!("gateway() makes an HTTP proxy variant"),
+    };
+    prepared.variants.extend([
+        slow("upstream-slow", "upstream alone", &upstream),
+        slow("proxy-slow", "idem proxy, Redis", &proxy_url),
+    ]);
     let base = upstream.trim_end_matches("payments").to_owned();
     let plain = servers::plain_proxy(&env.runtimes.subject, &base).await?;
     prepared.variants.push((
