@@ -105,9 +105,15 @@ where
     })
 }
 
-/// `idem serve` on `database`, as `idem serve --database DATABASE` runs it.
-pub(crate) async fn idem_serve(runtime: &Handle, database: &str) -> anyhow::Result<Server> {
-    let config = idem_cli::serve::ServeConfig::new(database);
+/// `idem serve` on `database`, as `idem serve --database DATABASE` runs it (with
+/// `--no-replay-read` unless `replay_read`).
+pub(crate) async fn idem_serve(
+    runtime: &Handle,
+    database: &str,
+    replay_read: bool,
+) -> anyhow::Result<Server> {
+    let mut config = idem_cli::serve::ServeConfig::new(database);
+    config.replay_read = replay_read;
     let mut server = spawn(runtime, move |listener, shutdown| {
         idem_cli::serve::serve(listener, config, shutdown)
     })

@@ -110,7 +110,15 @@ impl Group {
                 ],
             ),
             Group::ServePostgres => (
-                vec!["bare", "idem", "replay", "pgbench", "pgbench-idem"],
+                vec![
+                    "bare",
+                    "idem",
+                    "replay",
+                    "pgbench",
+                    "pgbench-idem",
+                    "claim-first",
+                    "claim-first-replay",
+                ],
                 vec![
                     Comparison::new(
                         "layer-postgres",
@@ -139,6 +147,20 @@ impl Group {
                         "idem",
                         "replay",
                         at_least(3.0),
+                    ),
+                    Comparison::new(
+                        "floor-claim-first",
+                        "floor, without the replay read",
+                        "pgbench",
+                        "claim-first",
+                        None,
+                    ),
+                    Comparison::new(
+                        "replays-claim-first",
+                        "replays, without the replay read",
+                        "claim-first",
+                        "claim-first-replay",
+                        None,
                     ),
                 ],
             ),
@@ -400,9 +422,14 @@ fn bearer() -> String {
 }
 
 /// A replay workload on `idem serve`: the keys are used once first, then cycled through.
-async fn replay_variant(env: &Env, fresh: &HttpTarget, label: &str) -> anyhow::Result<Variant> {
+async fn replay_variant(
+    env: &Env,
+    fresh: &HttpTarget,
+    id: &'static str,
+    label: &str,
+) -> anyhow::Result<Variant> {
     let keys: Vec<String> = (0..REPLAY_KEYS)
-        .map(|i| format!("{}-replay-{i}", env.tag))
+        .map(|i| format!("{}-{id}-{i}", env.tag))
         .collect();
     let target = fresh.clone();
     let concurrency = env.settings.concurrency;
@@ -414,7 +441,7 @@ async fn replay_variant(env: &Env, fresh: &HttpTarget, label: &str) -> anyhow::R
     let mut target = fresh.clone();
     target.keys = Keys::Cycle(Arc::new(keys));
     target.expect_replayed = true;
-    Ok(Variant::http("replay", label, target))
+    Ok(Variant::http(id, label, target))
 }
 
 async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
@@ -423,12 +450,12 @@ async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
     let mut prepared = Prepared::default();
     prepared.teardown.keep(dir);
     // idem serve first: it creates the payments table the bare handler writes to.
-    let idem = servers::idem_serve(&env.runtimes.subject, &url).await?;
+    let idem = servers::idem_serve(&env.runtimes.subject, &url, true).await?;
     let bare = servers::bare_payments(&env.runtimes.subject, &url).await?;
     let fresh = HttpTarget::post(&idem.url("/payments"), Some(&bearer()), PAYMENT);
     let bare_target = HttpTarget::post(&bare.url("/payments"), Some(&bearer()), PAYMENT);
     let grouped_target = HttpTarget::post(&bare.url("/grouped/payments"), Some(&bearer()), PAYMENT);
-    let replay = replay_variant(env, &fresh, "idem serve, replays").await;
+    let replay = replay_variant(env, &fresh, "replay", "idem serve, replays").await;
     prepared.variants = vec![
         (
             "bare",
@@ -486,11 +513,21 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
     let url = db.url().to_owned();
     let dir = tempfile::tempdir()?;
     let mut prepared = Prepared::default();
-    let idem = servers::idem_serve(&env.runtimes.subject, &url).await?;
+    let idem = servers::idem_serve(&env.runtimes.subject, &url, true).await?;
+    let claim_first = servers::idem_serve(&env.runtimes.subject, &url, false).await?;
     let bare = servers::bare_payments(&env.runtimes.subject, &url).await?;
     let fresh = HttpTarget::post(&idem.url("/payments"), Some(&bearer()), PAYMENT);
+    let fresh_claim_first =
+        HttpTarget::post(&claim_first.url("/payments"), Some(&bearer()), PAYMENT);
     let bare_target = HttpTarget::post(&bare.url("/payments"), Some(&bearer()), PAYMENT);
-    let replay = replay_variant(env, &fresh, "idem serve, replays").await;
+    let replay = replay_variant(env, &fresh, "replay", "idem serve, replays").await;
+    let replay_claim_first = replay_variant(
+        env,
+        &fresh_claim_first,
+        "claim-first-replay",
+        "idem serve --no-replay-read, replays",
+    )
+    .await;
     let available = pgbench::available().await;
     let pgbench = |id, label: &str, script| match &available {
         Ok(_) => Pgbench::new(&url, dir.path(), script, SystemClock.now().0)
@@ -522,8 +559,20 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
         ("replay", replay.map_err(|e| format!("{e:#}"))),
         ("pgbench", floor),
         ("pgbench-idem", statements),
+        (
+            "claim-first",
+            Ok(Variant::http(
+                "claim-first",
+                "idem serve --no-replay-read",
+                fresh_claim_first,
+            )),
+        ),
+        (
+            "claim-first-replay",
+            replay_claim_first.map_err(|e| format!("{e:#}")),
+        ),
     ];
-    prepared.teardown.servers.extend([idem, bare]);
+    prepared.teardown.servers.extend([idem, claim_first, bare]);
     // Servers stop before the database is dropped.
     prepared.teardown.keep(dir);
     prepared.teardown.keep(db);

@@ -37,6 +37,7 @@ pub struct IdempotencyLayer<M> {
     policy: Arc<Policy>,
     clock: Arc<dyn Clock>,
     account: AccountFn,
+    replay_read: bool,
 }
 
 impl<M: Clone> Clone for IdempotencyLayer<M> {
@@ -46,6 +47,7 @@ impl<M: Clone> Clone for IdempotencyLayer<M> {
             policy: self.policy.clone(),
             clock: self.clock.clone(),
             account: self.account.clone(),
+            replay_read: self.replay_read,
         }
     }
 }
@@ -56,6 +58,7 @@ impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
             .field("mode", &self.mode)
             .field("policy", &self.policy)
             .field("clock", &self.clock)
+            .field("replay_read", &self.replay_read)
             .finish_non_exhaustive()
     }
 }
@@ -67,6 +70,7 @@ impl<M: Mode> IdempotencyLayer<M> {
             policy: Arc::new(Policy::default()),
             clock: Arc::new(SystemClock),
             account: Arc::new(account_from_extensions),
+            replay_read: true,
         }
     }
 
@@ -97,6 +101,16 @@ impl<M: Mode> IdempotencyLayer<M> {
         self
     }
 
+    /// Skips the read that answers replays before anything is claimed. A first request then
+    /// costs one statement less (on PostgreSQL five instead of six: the claim comes first),
+    /// and a replay costs what a lost claim does (in transaction mode BEGIN, the claim, a
+    /// read, ROLLBACK) instead of one read. The answers are the same either way: every
+    /// decision is also taken after the claim. For APIs whose retries are rare.
+    pub fn without_replay_read(mut self) -> Self {
+        self.replay_read = false;
+        self
+    }
+
     /// The policy in force.
     pub fn policy(&self) -> &Policy {
         &self.policy
@@ -122,6 +136,7 @@ impl<S, M: Clone> Layer<S> for IdempotencyLayer<M> {
                 policy: self.policy.clone(),
                 clock: self.clock.clone(),
                 account: self.account.clone(),
+                replay_read: self.replay_read,
             },
         }
     }
@@ -300,17 +315,19 @@ where
 
     // Fast path: a finished request replays (and a mismatch is refused) from a plain read,
     // without claiming anything.
-    match layer.mode.store().get(&scope).await {
-        Ok(existing) => match decide(existing.as_ref(), &fingerprint, now) {
-            Decision::Replay(stored) => {
-                count("replay");
-                tracing::debug!(key = %scope.log_label(), "replayed");
-                return Ok(replay(stored));
-            }
-            Decision::Mismatch => return Ok(mismatch(&scope)),
-            _ => {}
-        },
-        Err(e) => return Ok(store_unavailable(&e)),
+    if layer.replay_read {
+        match layer.mode.store().get(&scope).await {
+            Ok(existing) => match decide(existing.as_ref(), &fingerprint, now) {
+                Decision::Replay(stored) => {
+                    count("replay");
+                    tracing::debug!(key = %scope.log_label(), "replayed");
+                    return Ok(replay(stored));
+                }
+                Decision::Mismatch => return Ok(mismatch(&scope)),
+                _ => {}
+            },
+            Err(e) => return Ok(store_unavailable(&e)),
+        }
     }
 
     let claim = Claim {

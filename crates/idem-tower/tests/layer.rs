@@ -92,7 +92,11 @@ struct App {
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
     Transaction,
+    /// Transaction mode without the read before the claim.
+    TransactionClaimFirst,
     Lease,
+    /// Lease mode without the read before the claim.
+    LeaseClaimFirst,
     LeaseWithoutTakeover,
 }
 
@@ -113,8 +117,20 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
                 .with_policy(policy)
                 .with_clock(clock.clone()),
         ),
+        Kind::TransactionClaimFirst => Router::new().route("/work", post(tx_handler)).layer(
+            IdempotencyLayer::transactional(store.clone())
+                .without_replay_read()
+                .with_policy(policy)
+                .with_clock(clock.clone()),
+        ),
         Kind::Lease => Router::new().route("/work", post(lease_handler)).layer(
             IdempotencyLayer::leased(store.clone())
+                .with_policy(policy)
+                .with_clock(clock.clone()),
+        ),
+        Kind::LeaseClaimFirst => Router::new().route("/work", post(lease_handler)).layer(
+            IdempotencyLayer::leased(store.clone())
+                .without_replay_read()
                 .with_policy(policy)
                 .with_clock(clock.clone()),
         ),
@@ -171,6 +187,45 @@ fn replayed(headers: &HeaderMap) -> bool {
     headers
         .get("idempotent-replayed")
         .is_some_and(|v| v == "true")
+}
+
+/// Without the read before the claim, every answer comes from the claim: the same replays,
+/// refusals and single effect under concurrent copies, in both modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_the_replay_read_the_claim_gives_the_same_answers() {
+    for kind in [Kind::TransactionClaimFirst, Kind::LeaseClaimFirst] {
+        let app = Arc::new(start(kind, |_| {}).await);
+        let body = r#"{"n": 1}"#;
+        let copies: Vec<_> = (0..16)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(async move { app.send(Some("claim-first-1"), body).await })
+            })
+            .collect();
+        let mut created = Vec::new();
+        for copy in copies {
+            let (status, headers, bytes) = copy.await.unwrap();
+            match status {
+                201 => created.push((replayed(&headers), bytes)),
+                409 => assert!(headers.contains_key("retry-after")),
+                other => panic!("unexpected {other}: {bytes:?}"),
+            }
+        }
+        assert_eq!(app.calls(), 1, "one effect for sixteen concurrent copies");
+        if kind == Kind::TransactionClaimFirst {
+            assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+        }
+        let originals = created.iter().filter(|(replayed, _)| !replayed).count();
+        assert_eq!(originals, 1, "exactly one copy ran the handler");
+
+        let (status, headers, bytes) = app.send(Some("claim-first-1"), body).await;
+        assert_eq!(status, 201);
+        assert!(replayed(&headers), "a later copy replays");
+        assert_eq!(bytes, created[0].1, "byte for byte");
+        let (status, _, _) = app.send(Some("claim-first-1"), r#"{"n": 2}"#).await;
+        assert_eq!(status, 422, "a different request under the key is refused");
+        assert_eq!(app.calls(), 1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
