@@ -11,8 +11,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idem_core::{Clock, ManualClock, Policy, Timestamp};
-use idem_store::{SqliteStore, SqliteTx};
+use idem_core::{
+    Clock, FencingToken, ManualClock, Policy, Record, Scope, StoredResponse, Timestamp,
+};
+use idem_store::{ClaimOutcome, NewClaim, SqliteStore, SqliteTx, TxClaim};
 use idem_tower::{IdempotencyLayer, Outcome, Tx};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
@@ -626,4 +628,113 @@ async fn an_outcome_wait_is_bounded_then_409() {
     assert_eq!(duplicate.status(), 409);
     handler.gate.add_permits(1);
     assert_eq!(original.await.unwrap().unwrap().status(), 201);
+}
+
+/// SQLite's store, counting the reads that answer replays before a claim.
+#[derive(Clone, Debug)]
+struct CountingReads {
+    inner: SqliteStore,
+    reads: Arc<AtomicUsize>,
+}
+
+impl idem_store::Store for CountingReads {
+    async fn get(&self, scope: &Scope) -> idem_store::Result<Option<Record>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.get(scope).await
+    }
+    async fn claim(&self, claim: &NewClaim) -> idem_store::Result<ClaimOutcome> {
+        self.inner.claim(claim).await
+    }
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> idem_store::Result<bool> {
+        self.inner.complete(scope, token, response).await
+    }
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> idem_store::Result<bool> {
+        self.inner.renew(scope, token, lease_until).await
+    }
+    async fn release(&self, scope: &Scope, token: FencingToken) -> idem_store::Result<bool> {
+        self.inner.release(scope, token).await
+    }
+    async fn sweep(&self, now: Timestamp, batch: u32) -> idem_store::Result<u64> {
+        self.inner.sweep(now, batch).await
+    }
+}
+
+impl idem_store::TransactionalStore for CountingReads {
+    type Tx = SqliteTx;
+    async fn begin_claim(
+        &self,
+        claim: &NewClaim,
+        wait: Duration,
+    ) -> idem_store::Result<TxClaim<SqliteTx>> {
+        self.inner.begin_claim(claim, wait).await
+    }
+    async fn commit_response(
+        &self,
+        tx: SqliteTx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> idem_store::Result<()> {
+        self.inner.commit_response(tx, scope, token, response).await
+    }
+    async fn rollback(&self, tx: SqliteTx) -> idem_store::Result<()> {
+        self.inner.rollback(tx).await
+    }
+}
+
+#[tokio::test]
+async fn without_the_replay_read_nothing_is_read_before_the_claim() {
+    for replay_read in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = SqliteStore::open(dir.path().join("t.db")).await.unwrap();
+        sqlx::query("CREATE TABLE effects (n INTEGER)")
+            .execute(inner.writer())
+            .await
+            .unwrap();
+        let store = CountingReads {
+            inner,
+            reads: Arc::new(AtomicUsize::new(0)),
+        };
+        let mut layer = IdempotencyLayer::transactional(store.clone());
+        if !replay_read {
+            layer = layer.without_replay_read();
+        }
+        let router = Router::new()
+            .route("/work", post(tx_handler))
+            .layer(layer)
+            .with_state(Handler::new());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/work", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        let client = reqwest::Client::new();
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let response = client
+                .post(&url)
+                .header("idempotency-key", "replay-reads-1")
+                .header("content-type", "application/json")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let (status, replay) = (response.status(), replayed(response.headers()));
+            let bytes = response.bytes().await.unwrap();
+            assert_eq!(status, 201, "{bytes:?}");
+            answers.push((replay, bytes));
+        }
+        assert!(!answers[0].0 && answers[1].0, "the second copy replays");
+        assert_eq!(answers[0].1, answers[1].1);
+        let expected = if replay_read { 2 } else { 0 };
+        assert_eq!(store.reads.load(Ordering::SeqCst), expected);
+    }
 }
