@@ -31,6 +31,10 @@ use group_commit::GroupCommitter;
 pub use group_commit::{GroupCommitFailed, SqliteTx};
 
 /// Records in an SQLite file.
+///
+/// Writes take turns at SQLite's single writer and commit in groups: the requests waiting for
+/// the writer share one transaction (in transaction mode each in a savepoint of its own) and
+/// one commit, and each hears of its commit only once it is durable.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     writer: SqlitePool,
