@@ -1,12 +1,13 @@
 //! [`SqliteStore`]: the embedded default.
 //!
 //! SQLite allows one writer at a time, so the store keeps exactly one writer connection (a
-//! pool of one) and a pool of readers (WAL lets them read while the writer writes). The
-//! store's own writes take turns at the writer through a group committer
-//! ([`group_commit`]), which commits the writes of every request waiting at once: one `fsync`
-//! for many requests, each answered only after its writes are durable. Writers queue, fairly,
-//! instead of spinning on `SQLITE_BUSY`; `busy_timeout` still covers another process opening
-//! the same file.
+//! pool of one) and a pool of readers (WAL lets them read while the writer writes). Requests'
+//! writes (claims, outcomes, leases, handlers' transactions) take turns at the writer through
+//! a group committer ([`group_commit`]), which commits the writes of every request waiting at
+//! once: one `fsync` for many requests, each answered only after its writes are durable;
+//! sweeps and admin writes take the pool between groups. Writers queue, fairly, instead of
+//! spinning on `SQLITE_BUSY`; `busy_timeout` still covers another process opening the same
+//! file.
 
 use std::path::Path;
 use std::str::FromStr;
