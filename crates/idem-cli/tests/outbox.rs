@@ -415,8 +415,10 @@ async fn rabbitmq_worker_killed_between_commit_and_ack_writes_each_receipt_once(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_worker_killed_between_commit_and_ack_writes_each_receipt_once() {
-    // Each restart waits for the group to drop the dead member (the session timeout).
-    worker_killed_between_commit_and_ack(KAFKA, 4).await;
+    // Each restart waits for the group to drop the dead member (the session timeout), and
+    // tansu's group coordinator once stalled a restarted member for over two minutes (1 run
+    // in 5 here): two kills keep the claim tested with less exposure to that.
+    worker_killed_between_commit_and_ack(KAFKA, 2).await;
 }
 
 /// `idem serve`'s relay publishes a payment's event and is killed before it marks it sent.
