@@ -219,6 +219,20 @@ async fn bare_create(
     Extension(account): Extension<AccountId>,
     body: Bytes,
 ) -> Response {
+    create_bare(app, account, body, false).await
+}
+
+/// The bare handler writing through idem's SQLite group committer ([`SqliteStore::begin`]),
+/// as idem serve's own writes do: what the layer costs on the same writer.
+async fn bare_create_grouped(
+    State(app): State<Bare>,
+    Extension(account): Extension<AccountId>,
+    body: Bytes,
+) -> Response {
+    create_bare(app, account, body, true).await
+}
+
+async fn create_bare(app: Bare, account: AccountId, body: Bytes, grouped: bool) -> Response {
     let Some((amount, currency)) = parse_payment(&body) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
@@ -230,57 +244,20 @@ async fn bare_create(
         created_at: SystemClock.now().0,
     };
     let inserted = match &app.db {
-        BareDb::Sqlite(store) => insert_sqlite(store, account.as_str(), &payment).await,
-        BareDb::Postgres(store) => insert_pg(store, account.as_str(), &payment).await,
+        BareDb::Sqlite(store) if grouped => {
+            insert_sqlite_grouped(store, account.as_str(), &payment).await
+        }
+        BareDb::Sqlite(store) => insert_sqlite(store, account.as_str(), &payment)
+            .await
+            .map_err(Into::into),
+        BareDb::Postgres(_) if grouped => {
+            return (StatusCode::NOT_FOUND, "group commit is SQLite's").into_response();
+        }
+        BareDb::Postgres(store) => insert_pg(store, account.as_str(), &payment)
+            .await
+            .map_err(Into::into),
     };
     match inserted {
-        Ok(()) => (
-            StatusCode::CREATED,
-            [(header::LOCATION, format!("/payments/{}", payment.id))],
-            axum::Json(payment),
-        )
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
-}
-
-/// The bare handler writing through idem's SQLite group committer ([`SqliteStore::begin`]),
-/// as idem serve's own writes do: what the layer costs on the same writer.
-async fn bare_create_grouped(
-    State(app): State<Bare>,
-    Extension(account): Extension<AccountId>,
-    body: Bytes,
-) -> Response {
-    let BareDb::Sqlite(store) = &app.db else {
-        return (StatusCode::NOT_FOUND, "group commit is SQLite's").into_response();
-    };
-    let Some((amount, currency)) = parse_payment(&body) else {
-        return StatusCode::BAD_REQUEST.into_response();
-    };
-    let payment = Payment {
-        id: format!("pay_{}", uuid::Uuid::now_v7().simple()),
-        amount,
-        currency,
-        status: "succeeded",
-        created_at: SystemClock.now().0,
-    };
-    let inserted = async {
-        let mut tx = store.begin().await?;
-        sqlx::query(SQLITE_INSERT)
-            .bind(&payment.id)
-            .bind(account.as_str())
-            .bind(None::<&str>)
-            .bind(payment.amount)
-            .bind(&payment.currency)
-            .bind(payment.status)
-            .bind(None::<&str>)
-            .bind(payment.created_at)
-            .execute(&mut *tx)
-            .await
-            .map_err(idem_store::Error::from)?;
-        tx.commit().await
-    };
-    match inserted.await {
         Ok(()) => (
             StatusCode::CREATED,
             [(header::LOCATION, format!("/payments/{}", payment.id))],
@@ -298,6 +275,25 @@ async fn insert_sqlite(
 ) -> Result<(), sqlx::Error> {
     // The writer, as idem serve's own transactions take it: SQLite has one writer.
     let mut tx = store.writer().begin_with("BEGIN IMMEDIATE").await?;
+    sqlite_insert(account, payment).execute(&mut *tx).await?;
+    tx.commit().await
+}
+
+/// The same INSERT in a turn of idem's SQLite group committer.
+async fn insert_sqlite_grouped(
+    store: &SqliteStore,
+    account: &str,
+    payment: &Payment,
+) -> Result<(), idem_store::Error> {
+    let mut tx = store.begin().await?;
+    sqlite_insert(account, payment).execute(&mut *tx).await?;
+    tx.commit().await
+}
+
+fn sqlite_insert<'q>(
+    account: &'q str,
+    payment: &'q Payment,
+) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
     sqlx::query(SQLITE_INSERT)
         .bind(&payment.id)
         .bind(account)
@@ -307,9 +303,6 @@ async fn insert_sqlite(
         .bind(payment.status)
         .bind(None::<&str>)
         .bind(payment.created_at)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
 }
 
 async fn insert_pg(store: &PgStore, account: &str, payment: &Payment) -> Result<(), sqlx::Error> {
