@@ -504,7 +504,7 @@ async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_rep
         async {
             lock_waiters(
                 db.url(),
-                "INSERT INTO idempotency_keys",
+                "idem_claim_in_transaction",
                 COPIES as i64,
                 deadline,
             )

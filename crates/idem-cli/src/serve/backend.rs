@@ -341,11 +341,11 @@ impl Backend for PgStore {
     }
 
     async fn begin(&self) -> idem_store::Result<PgTx> {
-        Ok(self.pool().begin().await?)
+        PgStore::begin(self).await
     }
 
     async fn commit(tx: PgTx) -> idem_store::Result<()> {
-        Ok(tx.commit().await?)
+        tx.commit().await
     }
 
     async fn insert_payment<'a>(
