@@ -39,13 +39,11 @@ pub(crate) enum Script {
     /// The transaction the issue names as the floor, five statements: BEGIN, claim the key,
     /// insert the payment, store the response, COMMIT.
     Transaction,
-    /// Every statement `idem serve` sends for a first request, in its four round trips: the
-    /// layer's read of the key before the transaction; BEGIN with the claim (which bounds
-    /// its own wait with `lock_timeout`); the payment (which retires an expired key's payment
-    /// only when one holds the key); the response with COMMIT (and the BEGIN that sqlx's
-    /// ROLLBACK ends when the connection goes back to its pool). What idem would cost if HTTP
-    /// and the Rust side were free. Run in pgbench's simple mode: a prepared statement holds
-    /// one statement, and two of these round trips carry several.
+    /// Every statement `idem serve` sends for a first request, six: the layer's read of the
+    /// key before the transaction, BEGIN, the claim (which bounds its own wait with
+    /// `lock_timeout` and restores it), the payment (which retires an expired key's payment
+    /// only when one holds the key), the response, COMMIT. What idem would cost if HTTP and
+    /// the Rust side were free.
     IdemStatements,
 }
 
@@ -72,12 +70,20 @@ pub(crate) fn script(kind: Script, now_ms: i64) -> String {
     let hash = "ab".repeat(32);
     // About the size of idem serve's 201 body and its stored headers.
     let body = r#"{"id":"pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e","amount":49900,"currency":"INR","status":"succeeded","created_at":1795992070553}"#;
-    let body_hex = hex::encode(body);
+    let body_hex: String = body.bytes().map(|b| format!("{b:02x}")).collect();
     let headers = r#"[["content-type","application/json"],["location","/payments/pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e"]]"#;
-    let claim = format!(
-        r"INSERT INTO idempotency_keys AS k
+    // idem serve's claim bounds its wait in the same statement (see PgStore); the floor's
+    // transaction claims without a bound, as the issue's five statements do.
+    let bounded =
+        "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
+     bounded AS MATERIALIZED (
+         SELECT previous.lock_timeout, set_config('lock_timeout', '10000ms', true) FROM previous)
+";
+    let claim_with = |prefix: &str, source: &str, returning: &str| {
+        format!(
+            r"{prefix}INSERT INTO idempotency_keys AS k
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-VALUES ('acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n)
+{source}'acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n{close}
 ON CONFLICT (account_id, idem_key) DO UPDATE SET
     request_hash = excluded.request_hash, status = 'in_progress', response_code = NULL,
     response_headers = NULL, response_body = NULL, body_omitted = false,
@@ -87,8 +93,20 @@ WHERE (k.expires_at <= excluded.created_at
        AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
    OR (true AND k.status = 'in_progress' AND k.lease_until <= excluded.created_at
        AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token;
-"
+RETURNING fencing_token{returning};
+",
+            close = if source.starts_with("VALUES") {
+                ")"
+            } else {
+                " FROM bounded"
+            },
+        )
+    };
+    let claim = claim_with("", "VALUES (", "");
+    let bounded_claim = claim_with(
+        bounded,
+        "SELECT ",
+        ",\n    (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)",
     );
     let payment = format!(
         "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, reference, created_at)
@@ -120,26 +138,18 @@ WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND fencing_toke
        fencing_token
 FROM idempotency_keys WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n;
 ";
-            // Values as idem's PgStore writes them into a simple query (hex and digits).
-            let text =
-                |s: &str| format!("convert_from(decode('{}', 'hex'), 'UTF8')", hex::encode(s));
-            let key = "'pgbench-' || :n";
-            let claim = format!(
-                "BEGIN ISOLATION LEVEL READ COMMITTED \\; SELECT idem_claim_in_transaction({account}, {key}, decode('{hash}', 'hex'), '{now_ms}', '{expires_ms}', '{lease_ms}', :n, true, '10000ms');\n",
-                account = text("acct_alice"),
-                expires_ms = now_ms + 24 * 60 * 60 * 1000,
-                lease_ms = now_ms + 30 * 1000,
-            );
             // idem serve inserts with ON CONFLICT DO NOTHING and retires an expired key's
             // payment only when the insert found one (never, with fresh keys).
             let payment =
                 payment.replace(";\n", "\nON CONFLICT (account_id, idem_key) DO NOTHING;\n");
-            let complete = format!(
-                "SELECT idem_complete_in_transaction({account}, {key}, :n, '201', {headers}::jsonb, decode('{body_hex}', 'hex'), false) \\; COMMIT \\; BEGIN;\n",
-                account = text("acct_alice"),
-                headers = text(headers),
-            );
-            for statement in [read, &claim, &payment, &complete, "ROLLBACK;\n"] {
+            for statement in [
+                read,
+                begin,
+                &bounded_claim,
+                &payment,
+                &complete,
+                "COMMIT;\n",
+            ] {
                 out.push_str(statement);
             }
         }
@@ -166,14 +176,9 @@ impl Pgbench {
         // transaction (the first one ends a moment after pgbench starts its clock).
         let total = (plan.warmup + plan.duration).as_secs_f64().ceil() as u64 + 1;
         let prefix = self.dir.join(format!("log-{run}"));
-        // -M prepared: sqlx prepares its statements too (but a prepared statement holds one
-        // statement: see Script::IdemStatements). -j 2: this machine's cores.
-        let mode = match self.kind {
-            Script::Transaction => "prepared",
-            Script::IdemStatements => "simple",
-        };
+        // -M prepared: sqlx prepares its statements too. -j 2: this machine's cores.
         let out = Command::new("pgbench")
-            .args(["-n", "-M", mode, "-j", "2", "-l"])
+            .args(["-n", "-M", "prepared", "-j", "2", "-l"])
             .arg("-c")
             .arg(plan.concurrency.to_string())
             .arg("-T")
@@ -277,20 +282,18 @@ mod tests {
     }
 
     #[test]
-    fn idem_statements_go_in_four_round_trips_and_in_order() {
+    fn idem_statements_are_six_and_in_order() {
         let script = script(Script::IdemStatements, 1_795_992_070_553);
         let statements = statements(&script);
-        assert_eq!(statements.len(), 5, "{script}");
+        assert_eq!(statements.len(), 6, "{script}");
         assert!(statements[0].contains("SELECT request_hash"));
-        assert!(statements[1].starts_with(
-            "BEGIN ISOLATION LEVEL READ COMMITTED \\; SELECT idem_claim_in_transaction("
-        ));
-        assert!(statements[2].contains("INSERT INTO payments"));
-        assert!(statements[2].ends_with("ON CONFLICT (account_id, idem_key) DO NOTHING"));
-        assert!(statements[3].starts_with("SELECT idem_complete_in_transaction("));
-        assert!(statements[3].ends_with("\\; COMMIT \\; BEGIN"));
-        // Sent by sqlx with the ping that returns the connection to its pool.
-        assert_eq!(statements[4], "ROLLBACK");
+        assert!(statements[1].ends_with("BEGIN ISOLATION LEVEL READ COMMITTED"));
+        assert!(statements[2].starts_with("WITH previous AS MATERIALIZED"));
+        assert!(statements[2].contains("INSERT INTO idempotency_keys"));
+        assert!(statements[2].contains("FROM bounded\nON CONFLICT"));
+        assert!(statements[3].contains("INSERT INTO payments"));
+        assert!(statements[3].ends_with("ON CONFLICT (account_id, idem_key) DO NOTHING"));
+        assert_eq!(statements[5], "COMMIT");
     }
 
     #[test]

@@ -543,7 +543,7 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
     let floor = pgbench("pgbench", "pgbench, same transaction", Script::Transaction);
     let statements = pgbench(
         "pgbench-idem",
-        "pgbench, idem's statements",
+        "pgbench, idem's 6 statements",
         Script::IdemStatements,
     );
     prepared.variants = vec![

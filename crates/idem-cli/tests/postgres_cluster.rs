@@ -504,7 +504,7 @@ async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_rep
         async {
             lock_waiters(
                 db.url(),
-                "idem_claim_in_transaction",
+                "INSERT INTO idempotency_keys",
                 COPIES as i64,
                 deadline,
             )

@@ -341,11 +341,11 @@ impl Backend for PgStore {
     }
 
     async fn begin(&self) -> idem_store::Result<PgTx> {
-        PgStore::begin(self).await
+        Ok(self.pool().begin().await?)
     }
 
     async fn commit(tx: PgTx) -> idem_store::Result<()> {
-        tx.commit().await
+        Ok(tx.commit().await?)
     }
 
     async fn insert_payment<'a>(

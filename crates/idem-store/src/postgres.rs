@@ -1,9 +1,8 @@
 //! [`PgStore`]: records in PostgreSQL, shared by many server instances.
 //!
-//! Every operation is one statement. The claim (the function `idem_claim`, migration 0002) is
-//! an `INSERT … ON CONFLICT DO UPDATE … WHERE` that inserts, replaces a record the claim may
-//! replace, or leaves the row alone, so claims from any number of instances at once have
-//! exactly one winner.
+//! Every operation is one statement. The claim is an `INSERT … ON CONFLICT DO UPDATE … WHERE`
+//! that inserts, replaces a record the claim may replace, or leaves the row alone, so claims
+//! from any number of instances at once have exactly one winner.
 //!
 //! Times travel as Unix milliseconds (`bigint`) and are converted in SQL:
 //! `to_timestamp(ms / 1000) + (ms % 1000) * interval '1 millisecond'` is exact over the whole
@@ -16,10 +15,6 @@
 //! (it then finds the completed record) or rolls back (it then claims the key), and gives up
 //! with [`TxClaim::Busy`] when the wait runs out, so waiting duplicates cannot hold
 //! connections for longer than their wait.
-//!
-//! Round trips are what a transaction costs here, so transaction mode sends BEGIN with the
-//! claim, and the stored response with COMMIT: a first request takes three (claim, the
-//! handler's write, commit) where one statement at a time takes five. See [`PgTx`] for how.
 
 use std::time::Duration;
 
@@ -27,20 +22,17 @@ use idem_core::{
     AccountId, FencingToken, Fingerprint, Record, RecordState, Scope, StoredResponse, Timestamp,
 };
 use sqlx::migrate::MigrateError;
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgExecutor, Postgres, Row};
 use tokio::time::Instant;
-
-mod transaction;
-
-pub use transaction::PgTx;
-use transaction::{Call, is_raised};
 
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
     TxClaim, stored_scope,
 };
+
+/// The transaction a handler writes through in transaction mode.
+pub type PgTx = sqlx::Transaction<'static, Postgres>;
 
 /// Records in PostgreSQL, in the table `idempotency_keys`.
 ///
@@ -65,14 +57,34 @@ const CLAIM_ATTEMPTS: usize = 5;
 /// SQLSTATE `lock_not_available`: a lock wait ran past `lock_timeout`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-/// SQLSTATE raised by `idem_claim_in_transaction` when another record holds the key.
-const CLAIM_LOST: &str = "IK001";
-
-/// SQLSTATE raised by `idem_complete_in_transaction` when the key row is gone.
-const ROW_VANISHED: &str = "IK002";
-
-// See migration 0002 for the rules a claim follows.
-const CLAIM: &str = "SELECT idem_claim($1, $2, $3, $4, $5, $6, $7, $8)";
+// Claims a key if no record holds it, or replaces a record the claim may replace (past its
+// retention and not held by a live lease; or, if allowed, a stale claim of the same request).
+// One statement, so two claims can never both win. `excluded.created_at` is the claim's "now".
+const CLAIM: &str = "
+INSERT INTO idempotency_keys AS k
+    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
+VALUES ($1, $2, $3, 'in_progress',
+        to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
+        to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
+        to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
+        $7)
+ON CONFLICT (account_id, idem_key) DO UPDATE SET
+    request_hash = excluded.request_hash,
+    status = 'in_progress',
+    response_code = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    body_omitted = false,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at,
+    lease_until = excluded.lease_until,
+    fencing_token = excluded.fencing_token
+WHERE (k.expires_at <= excluded.created_at
+       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
+   OR ($8 AND k.status = 'in_progress'
+       AND k.lease_until <= excluded.created_at
+       AND k.request_hash = excluded.request_hash)
+RETURNING fencing_token";
 
 const SELECT: &str = "
 SELECT request_hash, status, response_code, response_headers::text AS response_headers,
@@ -83,7 +95,11 @@ SELECT request_hash, status, response_code, response_headers::text AS response_h
        fencing_token
 FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2";
 
-const COMPLETE: &str = "SELECT idem_complete($1, $2, $3, $4, $5::jsonb, $6, $7)";
+const COMPLETE: &str = "
+UPDATE idempotency_keys
+SET status = 'completed', response_code = $4, response_headers = $5::jsonb, response_body = $6,
+    body_omitted = $7
+WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'";
 
 const RENEW: &str = "
 UPDATE idempotency_keys
@@ -111,6 +127,44 @@ WHERE k.account_id = doomed.account_id AND k.idem_key = doomed.idem_key";
 // READ COMMITTED (whatever the server's default) is what makes a blocked duplicate see the
 // first transaction's committed row once it is let through.
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+// The claim inside a transaction (transaction mode): CLAIM with its wait bounded by
+// `lock_timeout` ($9), in one round trip instead of three (set, claim, restore). The
+// MATERIALIZED CTEs read the setting in force, then set the bound, before the row to insert is
+// produced, so before the insert can block on a concurrent claim's row (PostgreSQL reads
+// `lock_timeout` when a wait starts). RETURNING puts the old setting back once the key is
+// ours: the handler's own writes should not inherit the claim's (possibly nearly spent) wait.
+// A claim that loses or times out ends in a rollback, which undoes the setting anyway.
+const CLAIM_WITH_LOCK_TIMEOUT: &str = "
+WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
+     bounded AS MATERIALIZED (
+         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)
+INSERT INTO idempotency_keys AS k
+    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
+SELECT $1, $2, $3, 'in_progress',
+       to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
+       to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
+       to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
+       $7
+FROM bounded
+ON CONFLICT (account_id, idem_key) DO UPDATE SET
+    request_hash = excluded.request_hash,
+    status = 'in_progress',
+    response_code = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    body_omitted = false,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at,
+    lease_until = excluded.lease_until,
+    fencing_token = excluded.fencing_token
+WHERE (k.expires_at <= excluded.created_at
+       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
+   OR ($8 AND k.status = 'in_progress'
+       AND k.lease_until <= excluded.created_at
+       AND k.request_hash = excluded.request_hash)
+RETURNING fencing_token,
+          (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)";
 
 impl PgStore {
     /// Connects to the database named by a URL such as `postgres://user@host/db` (a pool of
@@ -148,18 +202,6 @@ impl PgStore {
     /// The connection pool. Business writes outside an idempotent request go through it too.
     pub fn pool(&self) -> &PgPool {
         &self.pool
-    }
-
-    /// Opens a transaction of the same kind as transaction mode's, for writes that carry no
-    /// idempotency key.
-    pub async fn begin(&self) -> Result<PgTx> {
-        let conn = self.pool.acquire().await.map_err(classify)?;
-        PgTx::begin(conn, BEGIN.to_owned())
-            .await
-            .map_err(|(mut conn, e)| {
-                conn.close_on_drop();
-                classify(e)
-            })
     }
 
     /// [`TxClaim::Busy`] when the wait ran out while no connection was free, as the contract
@@ -206,6 +248,12 @@ fn classify(e: sqlx::Error) -> Error {
     }
 }
 
+fn is_lock_timeout(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == LOCK_NOT_AVAILABLE)
+}
+
 /// `lock_timeout` for a wait, rounded up to whole milliseconds and at least one: zero would
 /// mean no limit at all.
 fn lock_timeout_setting(wait: Duration) -> String {
@@ -220,9 +268,20 @@ fn vanished(scope: &Scope) -> Error {
     ))
 }
 
-/// Runs the claim statement; `true` if the key is now ours.
-async fn claim_on<'e>(ex: impl PgExecutor<'e>, claim: &NewClaim) -> Result<bool> {
-    sqlx::query_scalar(CLAIM)
+/// Runs the claim statement, its waits bounded by `lock_wait` (a `lock_timeout` setting) if
+/// given; `true` if the key is now ours. Returns the driver's error so the caller can tell a
+/// lock timeout apart.
+async fn claim_on<'e>(
+    ex: impl PgExecutor<'e>,
+    claim: &NewClaim,
+    lock_wait: Option<String>,
+) -> Result<bool, sqlx::Error> {
+    let statement = if lock_wait.is_some() {
+        CLAIM_WITH_LOCK_TIMEOUT
+    } else {
+        CLAIM
+    };
+    let mut query = sqlx::query(statement)
         .bind(claim.scope.account.as_str())
         .bind(claim.scope.key.as_str())
         .bind(&claim.fingerprint.as_bytes()[..])
@@ -230,27 +289,12 @@ async fn claim_on<'e>(ex: impl PgExecutor<'e>, claim: &NewClaim) -> Result<bool>
         .bind(claim.expires_at.0)
         .bind(claim.lease_until.0)
         .bind(claim.token.0)
-        .bind(claim.take_over_expired_lease)
-        .fetch_one(ex)
-        .await
-        .map_err(classify)
-}
-
-/// BEGIN and the claim, one simple query: the transaction is open, and the key ours, when it
-/// succeeds; `idem_claim_in_transaction` raises [`CLAIM_LOST`] when another record holds the
-/// key, and a wait past `lock_wait` raises [`LOCK_NOT_AVAILABLE`].
-fn begin_and_claim(claim: &NewClaim, lock_wait: &str) -> String {
-    let call = Call::new("idem_claim_in_transaction")
-        .text(claim.scope.account.as_str())
-        .text(claim.scope.key.as_str())
-        .bytes(&claim.fingerprint.as_bytes()[..])
-        .int(claim.now.0)
-        .int(claim.expires_at.0)
-        .int(claim.lease_until.0)
-        .int(claim.token.0)
-        .bool(claim.take_over_expired_lease)
-        .text(lock_wait);
-    format!("{BEGIN}; {}", call.sql())
+        .bind(claim.take_over_expired_lease);
+    if let Some(lock_wait) = lock_wait {
+        query = query.bind(lock_wait);
+    }
+    let row = query.fetch_optional(ex).await?;
+    Ok(row.is_some())
 }
 
 async fn get_on<'e>(ex: impl PgExecutor<'e>, scope: &Scope) -> Result<Option<Record>> {
@@ -270,7 +314,7 @@ async fn complete_on<'e>(
     response: &StoredResponse,
 ) -> Result<bool> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-    sqlx::query_scalar(COMPLETE)
+    let done = sqlx::query(COMPLETE)
         .bind(scope.account.as_str())
         .bind(scope.key.as_str())
         .bind(token.0)
@@ -278,9 +322,10 @@ async fn complete_on<'e>(
         .bind(headers)
         .bind(&response.body[..])
         .bind(response.body_omitted)
-        .fetch_one(ex)
+        .execute(ex)
         .await
-        .map_err(classify)
+        .map_err(classify)?;
+    Ok(done.rows_affected() == 1)
 }
 
 fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record> {
@@ -323,7 +368,7 @@ impl Store for PgStore {
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
         for _ in 0..CLAIM_ATTEMPTS {
-            if claim_on(&self.pool, claim).await? {
+            if claim_on(&self.pool, claim, None).await.map_err(classify)? {
                 return Ok(ClaimOutcome::Claimed);
             }
             // The claim lost to a record; read it in a new statement. It may have been
@@ -390,31 +435,31 @@ impl TransactionalStore for PgStore {
         // One deadline for the whole wait: for a free connection, then for the key.
         let deadline = Instant::now() + wait;
         for _ in 0..CLAIM_ATTEMPTS {
-            let conn = match tokio::time::timeout_at(deadline, self.pool.acquire()).await {
-                Ok(conn) => conn.map_err(classify)?,
+            let mut tx = match tokio::time::timeout_at(deadline, self.pool.begin_with(BEGIN)).await
+            {
+                Ok(tx) => tx.map_err(classify)?,
                 Err(_elapsed) => return self.wait_ran_out(),
             };
             let lock_wait =
                 lock_timeout_setting(deadline.saturating_duration_since(Instant::now()));
             // Blocks while another open transaction holds the key, for at most `lock_wait`.
-            let (mut conn, e) = match PgTx::begin(conn, begin_and_claim(claim, &lock_wait)).await {
-                Ok(tx) => return Ok(TxClaim::Claimed(tx)),
-                Err(failed) => failed,
-            };
-            if !is_raised(&e, CLAIM_LOST) && !is_raised(&e, LOCK_NOT_AVAILABLE) {
-                // The transaction may be open or not: the connection is not reused.
-                conn.close_on_drop();
-                return Err(classify(e));
+            match claim_on(&mut *tx, claim, Some(lock_wait)).await {
+                Ok(true) => return Ok(TxClaim::Claimed(tx)),
+                Ok(false) => {}
+                Err(e) if is_lock_timeout(&e) => {
+                    // The timeout aborted the transaction; end it so the connection goes back
+                    // to the pool now.
+                    tx.rollback().await.map_err(classify)?;
+                    return Ok(TxClaim::Busy);
+                }
+                Err(e) => return Err(classify(e)),
             }
-            // The claim lost, or its wait ran out, and aborted the transaction: end it.
-            end_aborted(&mut conn).await?;
-            if is_raised(&e, LOCK_NOT_AVAILABLE) {
-                return Ok(TxClaim::Busy);
-            }
-            // The claim lost to a committed record, which this new statement sees (READ
-            // COMMITTED); should it have vanished in between, the key is free and the claim
-            // starts over.
-            if let Some(record) = get_on(&mut *conn, &claim.scope).await? {
+            // The claim lost to a committed record (and holds its row lock until the rollback).
+            // Under READ COMMITTED this new statement sees it; should it have vanished all the
+            // same, the key is free and the claim starts over.
+            let record = get_on(&mut *tx, &claim.scope).await?;
+            tx.rollback().await.map_err(classify)?;
+            if let Some(record) = record {
                 return Ok(TxClaim::Existing(record));
             }
         }
@@ -423,44 +468,25 @@ impl TransactionalStore for PgStore {
 
     async fn commit_response(
         &self,
-        tx: PgTx,
+        mut tx: PgTx,
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<()> {
-        let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-        let complete = Call::new("idem_complete_in_transaction")
-            .text(scope.account.as_str())
-            .text(scope.key.as_str())
-            .int(token.0)
-            .int(response.status)
-            .json(&headers)
-            .bytes(&response.body)
-            .bool(response.body_omitted);
-        tx.commit_after(complete).await.map_err(|e| {
-            if is_raised(&e, ROW_VANISHED) {
-                Error::Corrupt(format!(
-                    "the key row of {} vanished inside its own transaction",
-                    scope.log_label()
-                ))
-            } else {
-                classify(e)
-            }
-        })
+        if !complete_on(&mut *tx, scope, token, response).await? {
+            return Err(Error::Corrupt(format!(
+                "the key row of {} vanished inside its own transaction",
+                scope.log_label()
+            )));
+        }
+        tx.commit().await.map_err(classify)?;
+        Ok(())
     }
 
     async fn rollback(&self, tx: PgTx) -> Result<()> {
-        tx.rollback().await
+        tx.rollback().await.map_err(classify)?;
+        Ok(())
     }
-}
-
-/// Ends a transaction a failed statement aborted.
-async fn end_aborted(conn: &mut PoolConnection<Postgres>) -> Result<()> {
-    sqlx::raw_sql("ROLLBACK")
-        .execute(&mut **conn)
-        .await
-        .map_err(classify)?;
-    Ok(())
 }
 
 impl AdminStore for PgStore {
