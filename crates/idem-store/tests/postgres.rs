@@ -230,6 +230,134 @@ async fn duplicate_replays_when_the_first_commits() {
     }
 }
 
+/// Whether the pool's only connection is outside any transaction: then two statements run
+/// in two transactions, with two transaction ids; in one left open, they share one.
+async fn connection_is_idle(pool: &PgPool) -> bool {
+    let xid =
+        || sqlx::query_scalar::<_, String>("SELECT pg_current_xact_id()::text").fetch_one(pool);
+    xid().await.expect("ask the connection") != xid().await.expect("ask the connection")
+}
+
+/// Accounts, keys, headers and bodies with quotes, backslashes, dollar signs, non-ASCII text
+/// and every byte value go through transaction mode and come back exactly, and the key
+/// claimed is that one key, no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_mode_stores_any_account_key_and_response_exactly() {
+    let db = PgTestDatabase::create().await;
+    let store = db.store(1).await;
+    let account = "o'brien \\ $$ \"chef\" ☃ --";
+    let key = IdempotencyKey::new("k'ey\\$$;--\"x", KeyLimits::default()).expect("valid key");
+    let scope = Scope::new(AccountId::new(account), key);
+    let response = StoredResponse {
+        status: 402,
+        headers: vec![("x-note".into(), "it's \\ \"quoted\" ☃ $$".into())],
+        body: (0..=255u8).collect(),
+        body_omitted: false,
+    };
+    let tx = begin_claimed(&store, &claim(&scope, -7)).await;
+    store
+        .commit_response(tx, &scope, FencingToken(-7), &response)
+        .await
+        .expect("commit");
+
+    let record = store.get(&scope).await.unwrap().expect("the record");
+    assert_eq!(record.scope.account.as_str(), account);
+    assert_eq!(record.fingerprint, fingerprint());
+    assert_eq!(record.state, RecordState::Completed(response.clone()));
+    // The duplicate's claim (the same literals) finds it rather than claiming anew.
+    match store
+        .begin_claim(&claim(&scope, 8), LONG_WAIT)
+        .await
+        .unwrap()
+    {
+        TxClaim::Existing(found) => assert_eq!(found, record),
+        other => panic!("expected the committed record, got {other:?}"),
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "one key row, the one named");
+    assert!(connection_is_idle(store.pool()).await);
+}
+
+/// After a commit, a rollback, a lost claim and a transaction dropped unfinished, the pooled connection is back outside any
+/// transaction, and what should have committed did, alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_ending_returns_the_connection_outside_a_transaction() {
+    let db = PgTestDatabase::create().await;
+    // One connection, so every step below runs on the one the step before returned.
+    let store = db.store(1).await;
+    assert!(connection_is_idle(store.pool()).await, "at first");
+    let (committed, dropped, rolled_back) = (
+        scope("ends-commit-1"),
+        scope("ends-dropped-1"),
+        scope("ends-rolled-1"),
+    );
+
+    let tx = begin_claimed(&store, &claim(&committed, 1)).await;
+    store
+        .commit_response(tx, &committed, FencingToken(1), &response())
+        .await
+        .unwrap();
+    assert!(connection_is_idle(store.pool()).await, "after a commit");
+
+    let tx = begin_claimed(&store, &claim(&rolled_back, 2)).await;
+    store.rollback(tx).await.unwrap();
+    assert!(connection_is_idle(store.pool()).await, "after a rollback");
+
+    let lost = store
+        .begin_claim(&claim(&committed, 3), LONG_WAIT)
+        .await
+        .unwrap();
+    assert!(matches!(lost, TxClaim::Existing(_)), "got {lost:?}");
+    assert!(connection_is_idle(store.pool()).await, "after a lost claim");
+
+    // A handler that panics drops its transaction.
+    drop(begin_claimed(&store, &claim(&dropped, 4)).await);
+    assert!(connection_is_idle(store.pool()).await, "after a drop");
+
+    assert!(store.get(&committed).await.unwrap().is_some());
+    assert!(store.get(&rolled_back).await.unwrap().is_none());
+    assert!(store.get(&dropped).await.unwrap().is_none());
+}
+
+/// A handler may nest with sqlx's own `begin` on the transaction: a savepoint, whose rollback
+/// undoes only its writes; the key and the rest commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_nested_begin_is_a_savepoint() {
+    use sqlx::Connection as _;
+    let db = PgTestDatabase::create().await;
+    let store = db.store(2).await;
+    sqlx::raw_sql("CREATE TABLE notes (body text)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let key = scope("nested-key-01");
+    let mut tx = begin_claimed(&store, &claim(&key, 1)).await;
+    sqlx::query("INSERT INTO notes VALUES ('kept')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let mut nested = tx.begin().await.expect("a savepoint");
+    sqlx::query("INSERT INTO notes VALUES ('undone')")
+        .execute(&mut *nested)
+        .await
+        .unwrap();
+    nested.rollback().await.unwrap();
+    store
+        .commit_response(tx, &key, FencingToken(1), &response())
+        .await
+        .unwrap();
+
+    let notes: Vec<String> = sqlx::query_scalar("SELECT body FROM notes")
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(notes, ["kept"]);
+    assert!(store.get(&key).await.unwrap().is_some());
+}
+
 /// Instances starting together on a fresh database all migrate it without error, and the
 /// migration is applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
