@@ -264,7 +264,7 @@ async fn transaction_mode_stores_any_account_key_and_response_exactly() {
     assert_eq!(record.scope.account.as_str(), account);
     assert_eq!(record.fingerprint, fingerprint());
     assert_eq!(record.state, RecordState::Completed(response.clone()));
-    // The duplicate's claim (the same literals) finds it rather than claiming anew.
+    // The duplicate's claim finds it rather than claiming anew.
     match store
         .begin_claim(&claim(&scope, 8), LONG_WAIT)
         .await
@@ -281,8 +281,8 @@ async fn transaction_mode_stores_any_account_key_and_response_exactly() {
     assert!(connection_is_idle(store.pool()).await);
 }
 
-/// After a commit, a rollback, a lost claim and a transaction dropped unfinished, the pooled connection is back outside any
-/// transaction, and what should have committed did, alone.
+/// After a commit, a rollback, a lost claim and a transaction dropped unfinished, the pooled
+/// connection is back outside any transaction, and what should have committed did, alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_ending_returns_the_connection_outside_a_transaction() {
     let db = PgTestDatabase::create().await;
