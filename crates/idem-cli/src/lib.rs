@@ -21,7 +21,6 @@ pub mod fake_psp;
 pub mod keys;
 pub mod proxy;
 pub mod serve;
-pub mod server;
 pub mod simulate;
 pub mod worker;
 

@@ -151,6 +151,7 @@ async fn run_on<St: Store>(
     config: GatewayConfig,
 ) -> anyhow::Result<ExitCode> {
     let admin_routes = admin_router(store.clone());
+    let head_timeout = config.head_timeout;
     let gateway = idem_gateway::router(store, config);
     let app = match admin {
         Some(admin) => {
@@ -160,14 +161,9 @@ async fn run_on<St: Store>(
         // Routes win over the gateway's fallback, so these two paths are the proxy's own.
         None => admin_routes.merge(gateway),
     };
-    crate::server::serve(
-        listener,
-        app,
-        crate::server::HEAD_TIMEOUT,
-        shutdown_signal(),
-    )
-    .await
-    .context("the gateway failed")?;
+    idem_gateway::server::serve(listener, app, head_timeout, shutdown_signal())
+        .await
+        .context("the gateway failed")?;
     Ok(ExitCode::SUCCESS)
 }
 

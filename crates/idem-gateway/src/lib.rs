@@ -40,6 +40,7 @@ use idem_tower::{IdempotencyLayer, Outcome};
 use tokio::net::TcpListener;
 
 mod secret;
+pub mod server;
 mod upstream;
 
 pub use secret::{Secret, SecretError};
@@ -92,6 +93,9 @@ pub struct GatewayConfig {
     pub on_timeout: UnknownOutcome,
     /// How long the upstream may take.
     pub upstream_timeout: Duration,
+    /// How long a client may take to send a request head before [`serve`] closes its
+    /// connection (default [`server::HEAD_TIMEOUT`]).
+    pub head_timeout: Duration,
     /// The clock.
     pub clock: Arc<dyn Clock>,
 }
@@ -109,6 +113,7 @@ impl GatewayConfig {
             on_5xx: UnknownOutcome::Store,
             on_timeout: UnknownOutcome::Keep,
             upstream_timeout: Duration::from_secs(30),
+            head_timeout: server::HEAD_TIMEOUT,
             clock: Arc::new(SystemClock),
         }
     }
@@ -199,16 +204,16 @@ fn serde_problem(status: StatusCode, detail: &str) -> Body {
     )
 }
 
-/// Serves the gateway on `listener` until `shutdown` completes.
+/// Serves the gateway on `listener` until `shutdown` completes, closing connections whose
+/// request head does not arrive within `config.head_timeout`.
 pub async fn serve<St: Store>(
     listener: TcpListener,
     store: St,
     config: GatewayConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(store, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let head_timeout = config.head_timeout;
+    server::serve(listener, router(store, config), head_timeout, shutdown).await
 }
 
 /// Lets the layer share the gateway's clock.

@@ -534,3 +534,27 @@ async fn redis_store() -> (idem_store::RedisStore, RedisPrefix) {
 }
 
 proxy_tests!(redis, redis_store());
+
+/// A client that sends half a request head, or nothing, loses its connection after
+/// `head_timeout` instead of holding it forever (a slowloris); the proxy goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_head_that_never_completes_is_closed() {
+    let (store, _dir) = sqlite_store().await;
+    let proxy = start_proxy(store, |c| c.head_timeout = Duration::from_millis(300)).await;
+    let addr = proxy.url.trim_start_matches("http://").to_owned();
+    for partial in [
+        &b"POST /charges HTTP/1.1\r\nHost: x\r\nIdempot"[..],
+        &b""[..],
+    ] {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        socket.write_all(partial).await.unwrap();
+        let mut rest = Vec::new();
+        // EOF or a reset: either way the proxy ended it, well before the test's own limit.
+        let _ended = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut rest))
+            .await
+            .expect("closed by the proxy, not left hanging");
+    }
+    let answer = send(proxy.post("/charges", ALICE, Some("after-slow-0001"), BODY)).await;
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    assert_eq!(proxy.charges(), 1);
+}

@@ -157,7 +157,7 @@ impl ServeConfig {
             fault_pause: None,
             reconcile_every: None,
             wait_for_outcome: Duration::ZERO,
-            head_timeout: crate::server::HEAD_TIMEOUT,
+            head_timeout: idem_gateway::server::HEAD_TIMEOUT,
             broker: None,
             relay_poll: Duration::from_millis(200),
             fault_pause_after_publish: false,
@@ -344,7 +344,7 @@ async fn serve_on<B: Backend>(
     };
 
     let router = app.router(config);
-    let result = crate::server::serve(listener, router, config.head_timeout, shutdown)
+    let result = idem_gateway::server::serve(listener, router, config.head_timeout, shutdown)
         .await
         .context("the server failed");
     sweeper.abort();

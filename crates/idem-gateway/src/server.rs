@@ -1,5 +1,5 @@
-//! The HTTP server loop of `idem serve` and `idem proxy`: axum's router on hyper, with a
-//! deadline for request heads.
+//! The HTTP server loop of [`serve`](crate::serve), `idem serve` and `idem proxy`: axum's
+//! router on hyper, with a deadline for request heads.
 //!
 //! Written out rather than `axum::serve` because that gives hyper no timer, so a client that
 //! sends half a request head (or nothing) holds its connection forever: a slowloris. Bodies
