@@ -227,9 +227,15 @@ macro_rules! suite {
         async fn sent_events_expire_and_pending_ones_never_do() {
             let (pool, _guard) = $pool;
             write_events(&pool, 0..30).await;
-            let relay = Relay::new(pool.clone(), RecordingPublisher::default()).with_batch(20);
+            let clock = idem_core::ManualClock::new(idem_core::Timestamp(1_800_000_000_000));
+            let relay = Relay::new(pool.clone(), RecordingPublisher::default())
+                .with_batch(20)
+                .with_clock(Arc::new(clock.clone()));
             relay.relay_once().await.unwrap();
-            // Sent just now: a zero retention expires them; the 10 unsent stay.
+            // Sent 0 ms ago is not more than a zero retention ago: all kept.
+            assert_eq!(relay.expire_sent(Duration::ZERO, 8).await.unwrap(), 0);
+            // A millisecond later the 20 sent expire; the 10 unsent stay.
+            clock.advance(Duration::from_millis(1));
             let deleted = relay.expire_sent(Duration::ZERO, 8).await.unwrap();
             assert_eq!(deleted, 20);
             assert_eq!(pending(&relay).await, 10);
