@@ -5,9 +5,12 @@
 //!   per key (a repeat answers the same charge; a different body with the key is `422`).
 //! - `GET /charges/{key}`: the charge made with that key, or `404`.
 //! - `GET /stats`: `{"charges": N, "requests": M}`.
-//! - `POST /faults` `{"delay_ms": 0, "fail_next": 0, "drop_next": 0, "decline_next": 0}`:
-//!   answer after a delay; fail the next N requests with `500` before charging; charge the next
-//!   N and then cut the connection instead of answering; decline the next N with `402`.
+//! - `POST /faults` `{"delay_ms": 0, "fail_next": 0, "drop_next": 0, "decline_next": 0,
+//!   "no_dedupe": false, "lookup_delay_ms": 0}`: answer after a delay; fail the next N requests with `500` before
+//!   charging; charge the next N and then cut the connection instead of answering; decline the
+//!   next N with `402`; charge every `POST`, a repeated key too (a provider without
+//!   idempotency, so only its caller can keep a payout to one charge); answer lookups by key
+//!   after a delay.
 //!
 //! A charge, once started, completes even when the caller hangs up, as a real provider's would.
 
@@ -61,6 +64,10 @@ pub struct Faults {
     pub drop_next: u32,
     /// Decline this many with 402, charging nothing.
     pub decline_next: u32,
+    /// Charge every request, a repeated key too; the lookup by key finds the first charge.
+    pub no_dedupe: bool,
+    /// Wait this long before answering a lookup by key.
+    pub lookup_delay_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +103,11 @@ impl FakePsp {
         self.charges.lock().await.len()
     }
 
+    /// How many `POST /charges` requests arrived.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::SeqCst)
+    }
+
     /// Sets the faults.
     pub async fn set_faults(&self, faults: Faults) {
         *self.faults.lock().await = faults;
@@ -123,7 +135,7 @@ async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> 
     // The work runs in its own task: a caller that hangs up does not stop a charge.
     let work = tokio::spawn(async move {
         // Each request takes at most one fault, in this order.
-        let (delay, fault) = {
+        let (delay, fault, dedupe) = {
             let mut faults = psp.faults.lock().await;
             let fault = if faults.fail_next > 0 {
                 faults.fail_next -= 1;
@@ -134,7 +146,11 @@ async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> 
             } else {
                 None
             };
-            (Duration::from_millis(faults.delay_ms), fault)
+            (
+                Duration::from_millis(faults.delay_ms),
+                fault,
+                !faults.no_dedupe,
+            )
         };
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
@@ -143,13 +159,17 @@ async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> 
             return Err(status);
         }
         let mut charges = psp.charges.lock().await;
-        if let Some(existing) = charges.get(&key) {
-            return if existing.body == body {
-                Ok((existing.charge.clone(), true, false))
-            } else {
-                Err(StatusCode::UNPROCESSABLE_ENTITY)
-            };
-        }
+        let repeated = match charges.get(&key) {
+            Some(existing) if dedupe => {
+                return if existing.body == body {
+                    Ok((existing.charge.clone(), true, false))
+                } else {
+                    Err(StatusCode::UNPROCESSABLE_ENTITY)
+                };
+            }
+            Some(_) => true,
+            None => false,
+        };
         let drop_answer = {
             let mut faults = psp.faults.lock().await;
             let drop = faults.drop_next > 0;
@@ -157,6 +177,8 @@ async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> 
             drop
         };
         let n = psp.next_id.fetch_add(1, Ordering::SeqCst) + 1;
+        // A second charge for the key is kept apart, so the lookup still finds the first.
+        let key = if repeated { format!("{key}#{n}") } else { key };
         let charge = Charge {
             id: format!("ch_{n}"),
             amount: request.amount,
@@ -199,6 +221,10 @@ async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> 
 }
 
 async fn lookup(State(psp): State<FakePsp>, Path(key): Path<String>) -> Response {
+    let delay = psp.faults.lock().await.lookup_delay_ms;
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
     match psp.charges.lock().await.get(&key) {
         Some(entry) => Json(entry.charge.clone()).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),

@@ -30,11 +30,19 @@ impl Served {
         Self::start_on(&format!("sqlite://{}", db.display()), psp, lease, extra)
     }
 
+    /// A server on `database`; its provider calls time out after 2 s unless `extra` says
+    /// otherwise, so a crashed payout's claim (lease + provider timeout) runs out quickly.
     fn start_on(database: &str, psp: &str, lease: &str, extra: &[&str]) -> Self {
+        let timeout: &[&str] = if extra.contains(&"--psp-timeout-secs") {
+            &[]
+        } else {
+            &["--psp-timeout-secs", "2"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["serve", "--listen", "127.0.0.1:0", "--lease-secs", lease])
             .args(["--database", database])
             .args(["--psp-url", psp])
+            .args(timeout)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -211,21 +219,171 @@ async fn kill_9_after_the_provider_call_before_the_outcome_is_stored_leaves_one_
     kill_at(KillPoint::After).await;
 }
 
+/// A provider that charges every `POST` it receives, a repeated key too, and holds each for
+/// `hold_ms` before it records the charge: while it holds one, a lookup by key says `404`.
+async fn start_forgetful_psp(hold_ms: u64) -> (FakePsp, String) {
+    let (psp, url) = start_psp().await;
+    psp.set_faults(forgetful(hold_ms)).await;
+    (psp, url)
+}
+
+fn forgetful(hold_ms: u64) -> Faults {
+    Faults {
+        delay_ms: hold_ms,
+        no_dedupe: true,
+        ..Faults::default()
+    }
+}
+
+/// The payout `key` sent to `first`, which is killed with SIGKILL the moment the provider
+/// receives the call (held 3 s there, longer than the 2 s lease); then retried on `retry_on`
+/// until its final answer. Only the claim's hold (lease + provider timeout) stands between the
+/// reconciler and a `404` that would release the key while the charge is still being made.
+async fn kill_during_a_held_call(
+    psp: &FakePsp,
+    first: Served,
+    retry_on: impl FnOnce() -> Served,
+    key: &str,
+) {
+    let arrived = psp.arrived.notified();
+    let lost = send_and_lose(&first.url, key);
+    arrived.await;
+    let killed_at = Instant::now();
+    first.kill9();
+    lost.await.unwrap();
+    let second = retry_on();
+    let (answer, conflicts) = retry_until_final(&second.url, key).await;
+    eprintln!(
+        "final {} {:.1} s after the kill, after {conflicts} × 409; provider: {} POST /charges, {} charges",
+        answer.status,
+        killed_at.elapsed().as_secs_f64(),
+        psp.requests(),
+        psp.charges().await
+    );
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    assert_eq!(answer.body["provider_charge"], "ch_1");
+    assert_eq!(
+        psp.requests(),
+        1,
+        "exactly one POST /charges reached the provider"
+    );
+    assert_eq!(psp.charges().await, 1);
+    let again = send(payout(&second.url, key)).await;
+    assert!(again.replayed());
+    assert_eq!(again.raw, answer.raw);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lost_provider_answer_is_reconciled_not_charged_twice() {
+async fn kill_9_during_a_held_call_to_a_provider_without_dedup_makes_one_post() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let (psp, psp_url) = start_forgetful_psp(3000).await;
+    let args = ["--psp-timeout-secs", "4"];
+    let first = Served::start_with_lease(&db, &psp_url, "2", &args);
+    let restart = || Served::start_with_lease(&db, &psp_url, "2", &args);
+    kill_during_a_held_call(&psp, first, restart, "held-call-key-01").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_9_during_a_held_call_the_other_instance_reconciles_with_one_post() {
+    let db = idem_store::testing::PgTestDatabase::create().await;
+    let (psp, psp_url) = start_forgetful_psp(3000).await;
+    let args = ["--psp-timeout-secs", "4"];
+    let a = Served::start_on(db.url(), &psp_url, "2", &args);
+    let b = Served::start_on(db.url(), &psp_url, "2", &args);
+    kill_during_a_held_call(&psp, a, || b, "held-call-key-02").await;
+}
+
+/// Retries as a client that honours `Retry-After` to the second, until a final answer.
+/// Returns the answers seen, the final one last.
+async fn honour_retry_after(url: &str, key: &str, first: common::Answer) -> Vec<common::Answer> {
+    let mut answers = vec![first];
+    while let Some(last) = answers.last()
+        && matches!(last.status, 409 | 502 | 503 | 504)
+    {
+        assert!(answers.len() < 30, "no final answer");
+        let after: u64 = last
+            .headers
+            .get("retry-after")
+            .unwrap_or_else(|| panic!("{} without Retry-After: {}", last.status, last.body))
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(after)).await;
+        answers.push(send(payout(url, key)).await);
+    }
+    answers
+}
+
+/// The provider fails a payout (`faults`); the client's first answer, an immediate duplicate's
+/// answer, and how long a client that honours `Retry-After` waits for its final one.
+async fn unknown_outcome(faults: Faults, key: &str) -> (FakePsp, Vec<common::Answer>) {
     let dir = tempfile::tempdir().unwrap();
     let (psp, psp_url) = start_psp().await;
+    // The reconciler's look takes 300 ms, so the duplicate below meets the unknown record.
     psp.set_faults(Faults {
-        drop_next: 1,
-        ..Faults::default()
+        lookup_delay_ms: 300,
+        ..faults
     })
     .await;
     let served = Served::start(&dir.path().join("idem.db"), &psp_url, &[]);
-    let first = send(payout(&served.url, "lost-answer-01")).await;
-    assert_eq!(first.status, 504, "{}", first.body);
-    let (answer, conflicts) = retry_until_final(&served.url, "lost-answer-01").await;
-    assert_eq!(answer.status, 201);
-    assert!(conflicts > 0, "retries waited for the reconciler");
+    let started = Instant::now();
+    let first = send(payout(&served.url, key)).await;
+    let duplicate = send(payout(&served.url, key)).await;
+    assert_eq!(duplicate.status, 409, "{}", duplicate.body);
+    assert_eq!(
+        duplicate.body["type"], "urn:idem:problem:outcome-unknown",
+        "the handler has returned: never \"still running\""
+    );
+    assert!(duplicate.headers.contains_key("retry-after"));
+    let answers = honour_retry_after(&served.url, key, first).await;
+    let last = answers.last().unwrap();
+    eprintln!(
+        "{key}: {} answers ({:?}), final {} {:.2} s after the fault",
+        answers.len(),
+        answers.iter().map(|a| a.status).collect::<Vec<_>>(),
+        last.status,
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(last.status, 201, "{}", last.body);
+    assert_eq!(
+        answers.len(),
+        2,
+        "the first retry at its Retry-After gets the final answer"
+    );
+    (psp, answers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_provider_answer_is_reconciled_not_charged_twice() {
+    let faults = Faults {
+        drop_next: 1,
+        ..Faults::default()
+    };
+    let (psp, answers) = unknown_outcome(faults, "lost-answer-01").await;
+    assert_eq!(answers[0].status, 504, "{}", answers[0].body);
+    assert_eq!(answers[0].body["type"], "urn:idem:problem:outcome-unknown");
+    assert!(
+        answers[1].replayed(),
+        "the reconciler stored the provider's charge"
+    );
+    assert_eq!(answers[1].body["provider_charge"], "ch_1");
+    assert_eq!(psp.requests(), 1);
+    assert_eq!(psp.charges().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_error_before_charging_is_released_at_once_and_the_retry_pays() {
+    let faults = Faults {
+        fail_next: 1,
+        ..Faults::default()
+    };
+    let (psp, answers) = unknown_outcome(faults, "provider-500-01").await;
+    assert_eq!(answers[0].status, 502, "{}", answers[0].body);
+    assert_eq!(answers[0].body["type"], "urn:idem:problem:outcome-unknown");
+    assert!(!answers[1].replayed(), "released: the retry ran fresh");
+    assert_eq!(psp.requests(), 2, "the failed call and the retry's");
     assert_eq!(psp.charges().await, 1);
 }
 
@@ -298,19 +456,17 @@ async fn a_thousand_concurrent_invoice_requests_with_200_keys_issue_1_to_200_onc
 async fn idem_keys_lists_shows_purges_and_completes() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("idem.db");
-    let (psp, psp_url) = start_psp().await;
+    let (_psp, psp_url) = start_psp().await;
     let served = Served::start(&db, &psp_url, &[]);
     send(payout(&served.url, "listed-key-0001")).await;
-    psp.set_faults(Faults {
-        drop_next: 1,
-        ..Faults::default()
-    })
-    .await;
-    drop(served); // no reconciler from here on: the second key stays stuck
-    let served = Served::start_with_lease(&db, &psp_url, "3600", &[]);
-    let stuck = send(payout(&served.url, "stuck-key-00001")).await;
-    assert_eq!(stuck.status, 504);
     drop(served);
+    // A worker killed before it stored the outcome, under an hour's lease: stuck.
+    let served =
+        Served::start_with_lease(&db, &psp_url, "3600", &["--fault-pause", "after-provider"]);
+    let lost = send_and_lose(&served.url, "stuck-key-00001");
+    served.await_line("paused at AfterProvider");
+    served.kill9();
+    lost.await.unwrap();
 
     let idem = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_idem"))

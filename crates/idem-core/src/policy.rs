@@ -45,6 +45,12 @@ pub struct Policy {
     pub in_flight_wait: Duration,
     /// How long a lease-mode claim holds without renewal.
     pub lease: Duration,
+    /// The longest one call that lease-mode work makes to another system (a payment provider,
+    /// an upstream API) may take: the client's timeout for it. A claim is held for
+    /// [`lease_hold`](Self::lease_hold) past each renewal, so a crashed worker's key is neither
+    /// taken over nor reconciled as "nothing happened" while a call it made may still be
+    /// running. Zero (the default) for work that calls nothing outside.
+    pub downstream_timeout: Duration,
     /// How long a request body may take to arrive; a body that trickles in slower gets `408`
     /// instead of holding a connection forever.
     pub body_timeout: Duration,
@@ -63,6 +69,7 @@ impl Default for Policy {
             unstored_statuses: vec![400, 401, 403, 404, 405, 408, 413, 415, 429],
             in_flight_wait: Duration::from_secs(10),
             lease: Duration::from_secs(30),
+            downstream_timeout: Duration::ZERO,
             body_timeout: Duration::from_secs(30),
         }
     }
@@ -74,6 +81,12 @@ impl Policy {
         self.covered_methods
             .iter()
             .any(|m| m.eq_ignore_ascii_case(method))
+    }
+
+    /// How long past its claim or its last renewal a lease-mode claim holds the key: the lease
+    /// plus the downstream timeout. A call started while the claim held cannot outlast it.
+    pub fn lease_hold(&self) -> Duration {
+        self.lease + self.downstream_timeout
     }
 
     /// Whether a response with `status` is stored for replay: 2xx, 3xx and business 4xx
@@ -177,6 +190,17 @@ mod tests {
         assert!(!p.stores_header("set-cookie"));
         assert!(!p.stores_header("transfer-encoding"));
         assert!(!p.stores_header("date"));
+    }
+
+    #[test]
+    fn a_claim_is_held_through_its_longest_downstream_call() {
+        let p = Policy {
+            lease: Duration::from_secs(2),
+            downstream_timeout: Duration::from_secs(10),
+            ..Policy::default()
+        };
+        assert_eq!(p.lease_hold(), Duration::from_secs(12));
+        assert_eq!(Policy::default().lease_hold(), Policy::default().lease);
     }
 
     #[test]

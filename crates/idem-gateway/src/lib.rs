@@ -133,8 +133,17 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
 
     let secret = config.secret.clone();
     let credential = config.credential_header.clone();
+    // A claim outlasts its longest upstream call, so a crashed gateway's key is not taken over
+    // (and the request forwarded again) while the upstream may still be working on it.
+    let policy = Policy {
+        downstream_timeout: config
+            .policy
+            .downstream_timeout
+            .max(config.upstream_timeout),
+        ..config.policy.clone()
+    };
     let idempotency = IdempotencyLayer::leased(store)
-        .with_policy(config.policy.clone())
+        .with_policy(policy)
         .with_clock(ClockRef(config.clock.clone()))
         .with_account(move |parts| match parts.headers.get(&credential) {
             // The credential itself is never stored: only its HMAC under the server secret.

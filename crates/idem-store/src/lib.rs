@@ -76,7 +76,8 @@ pub struct NewClaim {
     pub token: FencingToken,
     /// The time of the claim.
     pub now: Timestamp,
-    /// Until when the claim holds without renewal.
+    /// Until when the claim holds without renewal: `now` plus the policy's
+    /// [`lease_hold`](Policy::lease_hold), which covers the longest downstream call.
     pub lease_until: Timestamp,
     /// When the record's retention ends.
     pub expires_at: Timestamp,
@@ -86,7 +87,8 @@ pub struct NewClaim {
 }
 
 impl NewClaim {
-    /// A claim at `now` with the policy's lease and retention, taking over expired leases.
+    /// A claim at `now` held for the policy's [`lease_hold`](Policy::lease_hold), with its
+    /// retention, taking over expired leases.
     pub fn new(
         scope: Scope,
         fingerprint: Fingerprint,
@@ -99,7 +101,7 @@ impl NewClaim {
             fingerprint,
             token,
             now,
-            lease_until: now.plus(policy.lease),
+            lease_until: now.plus(policy.lease_hold()),
             expires_at: now.plus(policy.retention),
             take_over_expired_lease: true,
         }

@@ -41,6 +41,7 @@
 mod layer;
 mod mode;
 mod outcome;
+mod reconcile;
 mod response;
 mod signal;
 
@@ -52,5 +53,6 @@ pub use extract::{NoTransaction, Tx};
 pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use mode::{LeaseMode, Mode, TransactionMode};
 pub use outcome::Outcome;
+pub use reconcile::Reconciliation;
 pub use response::{IDEMPOTENT_REPLAY, IDEMPOTENT_REPLAYED};
 pub use signal::OutcomeSignal;

@@ -17,7 +17,7 @@ use crate::layer::{
     ErrorChain, IdempotencyLayer, buffer_response, count, mismatch, store_unavailable,
 };
 use crate::response::{problem, replay};
-use crate::{Outcome, OutcomeSignal};
+use crate::{Outcome, OutcomeSignal, Reconciliation};
 use sealed::Claim;
 
 /// How the layer makes a key's claim and its work atomic: [`TransactionMode`] or
@@ -76,6 +76,7 @@ pub struct LeaseMode<St> {
     store: St,
     take_over: bool,
     wait: Option<(Duration, OutcomeSignal)>,
+    reconciliation: Option<Reconciliation>,
 }
 
 impl<St: TransactionalStore> IdempotencyLayer<TransactionMode<St>> {
@@ -94,6 +95,7 @@ impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
             store,
             take_over: true,
             wait: None,
+            reconciliation: None,
         })
     }
 
@@ -108,6 +110,19 @@ impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
     /// has found out what happened and completed or released the record.
     pub fn without_takeover(mut self) -> Self {
         self.mode_mut().take_over = false;
+        self
+    }
+
+    /// Tells the layer that a reconciler resolves records whose outcome is unknown, on
+    /// `schedule`. When a handler returns [`Outcome::Unknown`], its calls are over, so the
+    /// layer ends the record's lease at once and asks for a pass instead of letting the lease
+    /// run out; the handler's answer and every duplicate's `409 outcome-unknown` carry a
+    /// `Retry-After` that points just past that pass. With [`with_outcome_wait`], duplicates
+    /// also wait for the reconciler's verdict.
+    ///
+    /// [`with_outcome_wait`]: Self::with_outcome_wait
+    pub fn with_reconciliation(mut self, schedule: Reconciliation) -> Self {
+        self.mode_mut().reconciliation = Some(schedule);
         self
     }
 }
@@ -158,7 +173,7 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
                         replay(stored)
                     }
                     Decision::Mismatch => mismatch(&claim.scope),
-                    other => in_use(&other),
+                    other => in_use(&other, None),
                 });
             }
             Ok(TxClaim::Busy) => {
@@ -258,6 +273,7 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
     {
         let take_over = self.take_over;
         let wait = self.wait;
+        let reconciliation = self.reconciliation;
         let store = self.store;
         let policy = claim.policy.clone();
         let label = claim.scope.log_label();
@@ -289,21 +305,26 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                 Err(e) => return Ok(store_unavailable(&e)),
             };
             let decision = decide(Some(&record), &claim.fingerprint, now);
-            if !matches!(decision, Decision::InFlight { .. })
-                && let Some((_, signal)) = &wait
-            {
+            // A record whose outcome is unknown is worth waiting for only when a reconciler
+            // will resolve it (and wake us).
+            let worth_waiting = match decision {
+                Decision::InFlight { .. } => true,
+                Decision::LeaseExpired { .. } => reconciliation.is_some(),
+                _ => false,
+            };
+            if !worth_waiting && let Some((_, signal)) = &wait {
                 // Not going to wait: leave no entry behind.
                 drop(woken.take());
                 signal.forget_if_unused(&label);
             }
             match (&decision, woken, deadline) {
-                (Decision::InFlight { .. }, Some(woken), Some(deadline)) => {
+                (_, Some(woken), Some(deadline)) if worth_waiting => {
                     count("waited");
                     if tokio::time::timeout_at(deadline, woken).await.is_err() {
                         if let Some((_, signal)) = &wait {
                             signal.forget_if_unused(&label);
                         }
-                        return Ok(in_use(&decision));
+                        return Ok(in_use(&decision, reconciliation.as_ref()));
                     }
                     // Woken: the outcome landed (or the key was released); look again.
                 }
@@ -312,7 +333,7 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                     return Ok(replay(stored));
                 }
                 (Decision::Mismatch, ..) => return Ok(mismatch(&claim.scope)),
-                _ => return Ok(in_use(&decision)),
+                _ => return Ok(in_use(&decision, reconciliation.as_ref())),
             }
         }
 
@@ -330,7 +351,7 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             tokio::select! {
                 response = &mut work => break response,
                 _ = renewals.tick() => {
-                    let until = claim.clock.now().plus(policy.lease);
+                    let until = claim.clock.now().plus(policy.lease_hold());
                     match store.renew(&claim.scope, claim.token, until).await {
                         Ok(true) => {}
                         Ok(false) => tracing::warn!(key = %claim.scope.log_label(), "lease lost while the work ran"),
@@ -355,10 +376,26 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                 ));
             }
         };
-        let stored_ok = match outcome {
-            Outcome::Store => store.complete(&claim.scope, claim.token, &stored).await,
-            Outcome::Release => store.release(&claim.scope, claim.token).await,
-            Outcome::Unknown => Ok(true),
+        let mut response = response;
+        let stored_ok = match (outcome, &reconciliation) {
+            (Outcome::Store, _) => store.complete(&claim.scope, claim.token, &stored).await,
+            (Outcome::Release, _) => store.release(&claim.scope, claim.token).await,
+            // The handler returned, so every call it made is over: nothing is left to wait
+            // for. Ending the lease now makes the record's state honest at once (outcome
+            // unknown, not "still running"), and the reconciler looks right away.
+            (Outcome::Unknown, Some(schedule)) => {
+                let ended = store
+                    .renew(&claim.scope, claim.token, claim.clock.now())
+                    .await;
+                schedule.request_pass();
+                set_retry_after(&mut response, schedule.retry_after());
+                ended
+            }
+            // Without a reconciler the lease runs out and the next retry takes the key over.
+            (Outcome::Unknown, None) => {
+                set_retry_after(&mut response, policy.lease_hold());
+                Ok(true)
+            }
         };
         if outcome != Outcome::Unknown
             && let Some((_, signal)) = &wait
@@ -380,20 +417,32 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
     }
 }
 
-fn in_use<B: From<Bytes>>(decision: &Decision<'_>) -> Response<B> {
+/// Gives a response whose outcome is unknown a `Retry-After`, unless its handler chose one.
+fn set_retry_after<B>(response: &mut Response<B>, after: Duration) {
+    response
+        .headers_mut()
+        .entry(http::header::RETRY_AFTER)
+        .or_insert_with(|| http::HeaderValue::from(after.as_secs().max(1)));
+}
+
+fn in_use<B: From<Bytes>>(
+    decision: &Decision<'_>,
+    reconciliation: Option<&Reconciliation>,
+) -> Response<B> {
     count("in_flight");
     match decision {
         // The lease's remaining time is only the worst case (it is renewed while the work
         // runs); most work ends in well under a second, so ask for a retry in one.
         Decision::InFlight { retry_after } => problem(
             ProblemKind::InUse,
-            "a request with this Idempotency-Key is still running; retry later with the same key",
+            "a request with this Idempotency-Key holds its lease: it is running, or its worker stopped while a call it made may still be running; retry later with the same key",
             Some((*retry_after).min(Duration::from_secs(1))),
         ),
         _ => problem(
             ProblemKind::OutcomeUnknown,
-            "the request with this Idempotency-Key stopped before its outcome was stored; it is being reconciled",
-            Some(Duration::from_secs(5)),
+            "the request with this Idempotency-Key ended without a known outcome; it is being reconciled with the system it called; retry after Retry-After with the same key",
+            // Without a reconciler only an operator resolves it (`idem keys`).
+            Some(reconciliation.map_or(Duration::from_secs(5), Reconciliation::retry_after)),
         ),
     }
 }

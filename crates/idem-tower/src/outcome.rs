@@ -11,14 +11,19 @@
 /// response.extensions_mut().insert(Outcome::Release);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Keep the response and replay it to every retry.
     Store,
     /// Nothing happened: forget the key, so a retry runs fresh. In transaction mode the
     /// transaction is rolled back.
     Release,
-    /// The work may or may not have happened (lease mode): keep the key in progress until its
-    /// lease runs out and it is taken over or reconciled. In transaction mode, a rollback.
+    /// The work may or may not have happened, and the handler has returned, so every call it
+    /// made is over (answered, cut off, or timed out): lease mode keeps the key in progress
+    /// until the outcome is found out. With a reconciler
+    /// ([`with_reconciliation`](crate::IdempotencyLayer::with_reconciliation)) the lease ends
+    /// at once and the reconciler looks; without one the lease runs out and the next retry
+    /// takes the key over. In transaction mode, a rollback.
     Unknown,
 }
 

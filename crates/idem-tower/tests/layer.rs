@@ -88,6 +88,8 @@ struct App {
     store: SqliteStore,
     clock: ManualClock,
     client: reqwest::Client,
+    /// The reconciler's schedule ([`Kind::LeaseReconciled`]; unused by the others).
+    schedule: idem_tower::Reconciliation,
     _dir: tempfile::TempDir,
 }
 
@@ -100,6 +102,8 @@ enum Kind {
     /// Lease mode without the read before the claim.
     LeaseClaimFirst,
     LeaseWithoutTakeover,
+    /// Lease mode without takeover, a reconciler resolving unknown outcomes.
+    LeaseReconciled,
 }
 
 async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
@@ -113,6 +117,7 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
     let mut policy = Policy::default();
     adjust(&mut policy);
     let handler = Handler::new();
+    let schedule = idem_tower::Reconciliation::new(Duration::from_secs(60));
     let router = match kind {
         Kind::Transaction => Router::new().route("/work", post(tx_handler)).layer(
             IdempotencyLayer::transactional(store.clone())
@@ -142,6 +147,13 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
                 .with_policy(policy)
                 .with_clock(clock.clone()),
         ),
+        Kind::LeaseReconciled => Router::new().route("/work", post(lease_handler)).layer(
+            IdempotencyLayer::leased(store.clone())
+                .without_takeover()
+                .with_reconciliation(schedule.clone())
+                .with_policy(policy)
+                .with_clock(clock.clone()),
+        ),
     }
     .with_state(handler.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -153,6 +165,7 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
         store,
         clock,
         client: reqwest::Client::new(),
+        schedule,
         _dir: dir,
     }
 }
@@ -365,6 +378,77 @@ async fn lease_mode_5xx_keeps_the_key_until_its_lease_runs_out() {
         .await;
     assert_eq!(status, 502);
     assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_claim_is_held_through_the_downstream_timeout_before_a_takeover() {
+    let app = start(Kind::Lease, |p| {
+        p.downstream_timeout = Duration::from_secs(60)
+    })
+    .await;
+    let (status, headers, _) = app.send(Some("held-key-00001"), r#"{"status": 502}"#).await;
+    assert_eq!(status, 502);
+    assert_eq!(
+        headers["retry-after"], "90",
+        "the lease and the downstream timeout"
+    );
+    // Past the lease, a call the work made may still be running: no takeover yet.
+    app.clock.advance(Duration::from_secs(31));
+    let (status, _, _) = app.send(Some("held-key-00001"), r#"{"status": 502}"#).await;
+    assert_eq!(status, 409);
+    assert_eq!(app.calls(), 1);
+    app.clock.advance(Duration::from_secs(60));
+    let (status, _, _) = app.send(Some("held-key-00001"), r#"{"status": 502}"#).await;
+    assert_eq!(status, 502, "taken over once no call can still run");
+    assert_eq!(app.calls(), 2);
+}
+
+#[tokio::test]
+async fn with_a_reconciler_an_unknown_outcome_is_told_at_once_and_looked_at() {
+    use idem_store::{AdminStore, RecordFilter};
+    let app = start(Kind::LeaseReconciled, |p| {
+        p.downstream_timeout = Duration::from_secs(60)
+    })
+    .await;
+    let (status, headers, _) = app
+        .send(Some("unknown-key-002"), r#"{"status": 502}"#)
+        .await;
+    assert_eq!(status, 502);
+    assert_eq!(
+        headers["retry-after"], "1",
+        "the reconciler was asked to look at once"
+    );
+    // The handler returned: the record's lease ended with it, though the clock stands still.
+    let stale = app
+        .store
+        .list(&RecordFilter {
+            lease_expired_by: Some(app.clock.now()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(stale.len(), 1, "visible to the reconciler now");
+    let (status, headers, problem) = app
+        .send(Some("unknown-key-002"), r#"{"status": 502}"#)
+        .await;
+    assert_eq!(status, 409);
+    let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:outcome-unknown");
+    assert_eq!(headers["retry-after"], "1");
+    assert_eq!(app.calls(), 1, "never run again");
+    // Once that pass is over (it learnt nothing) and the reconciler waits for its next one,
+    // clients are sent just past it.
+    app.schedule.until_next_pass().await;
+    let next = tokio::spawn({
+        let schedule = app.schedule.clone();
+        async move { schedule.until_next_pass().await }
+    });
+    tokio::task::yield_now().await;
+    let (_, headers, _) = app
+        .send(Some("unknown-key-002"), r#"{"status": 502}"#)
+        .await;
+    assert_eq!(headers["retry-after"], "61");
+    next.abort();
 }
 
 #[tokio::test]

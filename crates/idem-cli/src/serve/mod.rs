@@ -59,11 +59,13 @@ pub struct ServeArgs {
     /// provider runs inside the service.
     #[arg(long)]
     pub psp_url: Option<String>,
-    /// How long the provider may take, in seconds.
-    #[arg(long, default_value_t = 10)]
+    /// How long the provider may take, in seconds. A payout's claim is held this much longer
+    /// than its lease, so a crashed worker's call is over before anyone asks what it did.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub psp_timeout_secs: u64,
-    /// How long a payout's claim holds without renewal, in seconds; a crashed worker's payouts
-    /// are reconciled this long after it stopped renewing.
+    /// How long a payout's claim holds without renewal, in seconds. A crashed worker's payout
+    /// is reconciled with the provider once its lease and then the provider timeout have
+    /// passed since its last renewal: no call it made can still be running by then.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub lease_secs: u64,
     /// Let a duplicate payout wait up to this many seconds for the original's outcome
@@ -121,7 +123,8 @@ pub struct ServeConfig {
     pub psp_timeout: Duration,
     /// Where payouts freeze, for crash tests.
     pub fault_pause: Option<PausePoint>,
-    /// How often stale payouts are reconciled (default: half the lease).
+    /// How often stale payouts are reconciled (default: half the lease); a payout whose
+    /// provider call failed is reconciled at once.
     pub reconcile_every: Option<Duration>,
     /// How long a duplicate payout waits for the original's outcome (zero: `409` at once).
     pub wait_for_outcome: Duration,
@@ -256,6 +259,12 @@ async fn serve_on<B: Backend>(
         }
     };
     let signal = store.outcome_signal().await?;
+    let reconciliation = idem_tower::Reconciliation::new(
+        config
+            .reconcile_every
+            .unwrap_or(config.policy.lease / 2)
+            .max(Duration::from_millis(100)),
+    );
     // The relay: publishes the outbox to the broker. Connecting first means a wrong URL stops
     // the service at start, not silently later.
     let relay = match &config.broker {
@@ -294,6 +303,7 @@ async fn serve_on<B: Backend>(
     let app = App {
         outbox: config.broker.is_some(),
         signal: signal.clone(),
+        reconciliation: reconciliation.clone(),
         store,
         policy: Arc::new(config.policy.clone()),
         clock: config.clock.clone(),
@@ -320,21 +330,18 @@ async fn serve_on<B: Backend>(
         })
     };
 
-    // The reconciler: resolves payouts whose worker died, by asking the provider.
+    // The reconciler: resolves payouts whose worker died or whose provider call failed, by
+    // asking the provider. Its first pass runs at start, for what a crash left behind.
     let reconciler = {
         let (store, provider, clock) = (
             app.store.clone(),
             app.provider.clone(),
             config.clock.clone(),
         );
-        let every = config
-            .reconcile_every
-            .unwrap_or(config.policy.lease / 2)
-            .max(Duration::from_millis(100));
+        reconciliation.request_pass();
         tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(every);
             loop {
-                ticks.tick().await;
+                reconciliation.until_next_pass().await;
                 if let Err(e) = payouts::reconcile(&store, &provider, clock.as_ref(), &signal).await
                 {
                     tracing::warn!(error = %e, "reconciling payouts failed");
@@ -369,6 +376,8 @@ pub(crate) struct App<B> {
     metrics: PrometheusHandle,
     pub(crate) provider: payouts::Provider,
     pub(crate) signal: idem_tower::OutcomeSignal,
+    /// When the payout reconciler looks next.
+    pub(crate) reconciliation: idem_tower::Reconciliation,
     /// Whether payments write `payment.succeeded` to the outbox (a broker is configured).
     pub(crate) outbox: bool,
 }
@@ -380,12 +389,19 @@ impl<B: Backend> App<B> {
             .with_clock(ClockRef(config.clock.clone()));
         // Payouts call the provider: lease mode, and a crashed worker's payout is reconciled
         // with the provider rather than run again.
-        let mut leased = IdempotencyLayer::leased(self.store.clone()).without_takeover();
+        let mut leased = IdempotencyLayer::leased(self.store.clone())
+            .without_takeover()
+            .with_reconciliation(self.reconciliation.clone());
         if !config.wait_for_outcome.is_zero() {
             leased = leased.with_outcome_wait(config.wait_for_outcome, self.signal.clone());
         }
+        // A payout's claim outlasts its longest provider call (derived, never guessed).
+        let payout_policy = Policy {
+            downstream_timeout: config.psp_timeout,
+            ..config.policy.clone()
+        };
         let mut leased = leased
-            .with_policy(config.policy.clone())
+            .with_policy(payout_policy)
             .with_clock(ClockRef(config.clock.clone()));
         if !config.replay_read {
             idempotency = idempotency.without_replay_read();

@@ -2,9 +2,16 @@
 //!
 //! The key is claimed and committed with a lease first; the provider is called with a key
 //! derived from ours (so the provider dedupes a repeated call); the outcome is stored only by
-//! the holder of the claim. A worker that dies mid-call leaves its record in progress: retries
-//! get `409` until the [`reconcile`] loop has asked the provider what happened and completed
-//! the record with the provider's answer, or released it when nothing happened.
+//! the holder of the claim. The claim is held for the lease plus the provider timeout past
+//! every renewal, so no call made under it can still be running once it has run out.
+//!
+//! A worker that dies mid-call leaves its record in progress: retries get `409` until the
+//! [`reconcile`] loop has asked the provider what happened and completed the record with the
+//! provider's answer, or released it when nothing happened. A call that fails (the provider
+//! answers `5xx`, cuts the connection, or times out) ends the handler with its outcome
+//! unknown: the layer ends the lease at once and the reconciler looks right away, so the
+//! client's `502`/`504` and every duplicate's `409 outcome-unknown` carry a `Retry-After`
+//! just past that look.
 
 use std::time::Duration;
 
@@ -110,15 +117,16 @@ pub(crate) async fn create<B: Backend>(
         Ok(answer) => answer,
         // Nothing reached the provider: nothing happened, the retry runs fresh.
         Err(e) if e.is_connect() => {
-            return with_outcome(
-                problem(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream-unavailable",
-                    "The payment provider is unavailable",
-                    "nothing was sent to the provider; retry with the same key",
-                ),
-                Outcome::Release,
+            let mut refused = problem(
+                StatusCode::BAD_GATEWAY,
+                "upstream-unavailable",
+                "The payment provider is unavailable",
+                "nothing was sent to the provider; retry with the same key",
             );
+            refused
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(1));
+            return with_outcome(refused, Outcome::Release);
         }
         // Sent, then no answer: the provider may have paid. The record stays in progress
         // until the reconciler finds out.
@@ -208,10 +216,14 @@ enum Reconciled {
     Unknown,
 }
 
-/// Resolves in-progress records whose lease ran out (their worker died): asks the provider by
-/// key what happened, then completes the record with the provider's answer, or releases it
-/// when the provider has no such charge; when the provider cannot be asked, the record stays
-/// in progress, visible to operators (`idem keys list`), and is tried again next round.
+/// Resolves in-progress records whose lease ran out (their worker died, or its provider call
+/// failed): asks the provider by key what happened, then completes the record with the
+/// provider's answer, or releases it when the provider has no such charge; when the provider
+/// cannot be asked, the record stays in progress, visible to operators (`idem keys list`),
+/// and is tried again next round.
+///
+/// A `404` may be trusted because the lease covers the provider timeout: once it has run out,
+/// no call made under the claim can still be running, so no charge can still appear.
 pub(crate) async fn reconcile<B: Backend>(
     store: &B,
     provider: &Provider,
