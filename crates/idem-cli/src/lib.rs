@@ -44,11 +44,11 @@ pub enum Command {
     Keys(keys::KeysArgs),
     /// Put the idempotency contract in front of any HTTP API (a reverse proxy).
     Proxy(proxy::ProxyArgs),
-    /// Check an HTTP API against the idempotency contract (SPEC §7) and report each check.
+    /// Check an HTTP API against the idempotency contract (docs/contract.md §7) and report each check.
     Drill(drill::DrillArgs),
     /// Consume payment events and write one receipt per event, however often it is delivered.
     Worker(worker::WorkerArgs),
-    /// Reproduce the ACK-loss experiment (SPEC §8) over real HTTP: double charges without
+    /// Reproduce the ACK-loss experiment (docs/contract.md §8) over real HTTP: double charges without
     /// and with idempotency keys.
     Simulate(simulate::SimulateArgs),
 }

@@ -1,5 +1,5 @@
 //! `idem worker`: consumes `payment.succeeded` events and writes one receipt per event, however
-//! often the broker delivers it (SPEC §6).
+//! often the broker delivers it (docs/contract.md §6).
 //!
 //! Each delivery runs one transaction: the inbox row `(consumer, event id)` and the receipt.
 //! The ack goes to the broker only after that commit, so a crash in between means a

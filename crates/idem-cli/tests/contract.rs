@@ -1,4 +1,4 @@
-//! SPEC §2, row by row, against a real `idem serve`: each test sends the request and checks
+//! docs/contract.md §2, row by row, against a real `idem serve`: each test sends the request and checks
 //! the status, the body and what the database holds afterwards.
 
 mod common;

@@ -1,4 +1,4 @@
-//! Exactly-once receipts over at-least-once brokers (SPEC §6), with real processes on the real
+//! Exactly-once receipts over at-least-once brokers (docs/contract.md §6), with real processes on the real
 //! brokers: `idem worker` killed with SIGKILL after committing a receipt and before its ack,
 //! `idem serve`'s relay killed after publishing and before marking the event sent, and two
 //! relays with two workers at once. Every test counts receipts per event in the database.
@@ -31,6 +31,11 @@ struct Namespace {
 
 impl Namespace {
     fn new(url: &str) -> Self {
+        idem_testkit::require(match url {
+            NATS => idem_testkit::Service::Nats,
+            AMQP => idem_testkit::Service::RabbitMq,
+            _ => idem_testkit::Service::Kafka,
+        });
         let name = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         Self {
             settings: BrokerSettings::new(url, name, "payments", "receipts"),

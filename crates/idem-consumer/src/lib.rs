@@ -1,4 +1,4 @@
-//! Exactly-once effects over at-least-once brokers (SPEC §6).
+//! Exactly-once effects over at-least-once brokers (docs/contract.md §6).
 //!
 //! Brokers deliver at least once: a consumer that dies after its side effect and before its
 //! ack gets the message again. Two tables make that harmless:

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// The id an event was given when its intent was created (SPEC §6). It is the broker's
+/// The id an event was given when its intent was created (docs/contract.md §6). It is the broker's
 /// message id (JetStream `Nats-Msg-Id`, AMQP `message-id`, the Kafka record key) and the
 /// consumer's inbox key, so it must survive every hop unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

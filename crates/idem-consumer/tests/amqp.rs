@@ -17,6 +17,7 @@ const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const WAIT: Duration = Duration::from_secs(5);
 
 fn config() -> AmqpConfig {
+    idem_testkit::require(idem_testkit::Service::RabbitMq);
     let namespace = namespace();
     AmqpConfig {
         delivery_limit: 3,

@@ -21,6 +21,7 @@ const SERVERS: &str = "127.0.0.1:19092";
 const WAIT: Duration = Duration::from_secs(15);
 
 fn config() -> KafkaConfig {
+    idem_testkit::require(idem_testkit::Service::Kafka);
     let namespace = namespace();
     KafkaConfig {
         session_timeout: Duration::from_secs(6),
@@ -169,6 +170,7 @@ async fn a_dead_lettered_message_is_kept_aside_and_not_redelivered() {
 
 #[tokio::test]
 async fn any_broker_settings_reach_kafka() {
+    idem_testkit::require(idem_testkit::Service::Kafka);
     let namespace = namespace();
     let settings = BrokerSettings {
         session_timeout: Duration::from_secs(6),

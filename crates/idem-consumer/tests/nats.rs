@@ -17,6 +17,7 @@ const URL: &str = "nats://127.0.0.1:4222";
 const WAIT: Duration = Duration::from_secs(5);
 
 fn config() -> NatsConfig {
+    idem_testkit::require(idem_testkit::Service::Nats);
     let namespace = namespace();
     NatsConfig {
         // Short, so that a "crashed" consumer's message comes back quickly.

@@ -1,7 +1,7 @@
 //! Canonical JSON for fingerprints: RFC 8785's member order and string form, with numbers kept
 //! exactly as written.
 //!
-//! Written by hand because no maintained crate does all three things SPEC §2 asks: RFC 8785
+//! Written by hand because no maintained crate does all three things docs/contract.md §2 asks: RFC 8785
 //! crates (`serde_json_canonicalizer`) re-serialise numbers through `f64`, which makes
 //! `9007199254740993` equal `9007199254740992` and `1` equal `1.0`; `serde_json` keeps the last
 //! of duplicate members silently. The parser is strict RFC 8259 with a depth limit, so hostile

@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::canonical_json::{JsonError, canonical_json};
 
-/// The parts of a request that a fingerprint covers (SPEC §2).
+/// The parts of a request that a fingerprint covers (docs/contract.md §2).
 #[derive(Debug, Clone, Copy)]
 pub struct RequestParts<'a> {
     /// The account the request is scoped to: the same key and body from two accounts are two

@@ -1,4 +1,4 @@
-//! The problem types of SPEC §2, each with a stable `type` URI (RFC 9457).
+//! The problem types of docs/contract.md §2, each with a stable `type` URI (RFC 9457).
 
 use serde::Serialize;
 

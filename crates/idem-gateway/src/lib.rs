@@ -1,4 +1,4 @@
-//! `idem proxy`: the idempotency contract (SPEC §2) in front of any HTTP API, in any language.
+//! `idem proxy`: the idempotency contract (docs/contract.md §2) in front of any HTTP API, in any language.
 //!
 //! The gateway is [`idem_tower::IdempotencyLayer`] in lease mode around a reverse proxy. It
 //! scopes keys to the caller's credential as HMAC-SHA256(server secret, credential), so a

@@ -522,7 +522,10 @@ impl Drop for RedisPrefix {
 }
 
 fn redis_url() -> String {
-    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| {
+        idem_testkit::require(idem_testkit::Service::Redis);
+        "redis://127.0.0.1:6379".into()
+    })
 }
 
 async fn redis_store() -> (idem_store::RedisStore, RedisPrefix) {

@@ -2,7 +2,7 @@
 //!
 //! Every backend implements [`Store`], whose [`Store::claim`] is one atomic insert-if-absent:
 //! of any number of concurrent claims of a key, exactly one wins. Backends whose business
-//! writes can share the key's transaction also implement [`TransactionalStore`] (SPEC §3,
+//! writes can share the key's transaction also implement [`TransactionalStore`] (docs/contract.md §3,
 //! transaction mode). One conformance suite ([`conformance`], feature `conformance`) runs
 //! against every backend.
 //!

@@ -10,7 +10,7 @@
 //! where `to_timestamp(ms / 1000.0)` rounds through a float8 and drifts by microseconds in the
 //! far future. `(extract(epoch FROM t) * 1000)::bigint` reads them back exactly.
 //!
-//! In transaction mode (SPEC §3) the claim runs inside the handler's transaction under
+//! In transaction mode (docs/contract.md §3) the claim runs inside the handler's transaction under
 //! `lock_timeout`: a duplicate blocks on the unique index until the first transaction commits
 //! (it then finds the completed record) or rolls back (it then claims the key), and gives up
 //! with [`TxClaim::Busy`] when the wait runs out, so waiting duplicates cannot hold

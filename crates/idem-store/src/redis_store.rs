@@ -164,7 +164,7 @@ return deleted
 /// # What Redis does not give
 ///
 /// - **No atomicity with the upstream's own database.** The key lives in Redis and the business
-///   write in another system, so this store serves lease mode only (SPEC §3) and does not
+///   write in another system, so this store serves lease mode only (docs/contract.md §3) and does not
 ///   implement [`TransactionalStore`](crate::TransactionalStore).
 /// - **Durability is the server's configuration.** With `appendonly no` (the default) a restart
 ///   loses every record written since the last RDB snapshot (all of them if snapshots are off

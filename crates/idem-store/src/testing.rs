@@ -9,7 +9,10 @@ const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
 /// The administrative URL tests connect to.
 pub fn admin_url() -> String {
-    std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| DEFAULT_ADMIN_URL.to_owned())
+    std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| {
+        idem_testkit::require(idem_testkit::Service::Postgres);
+        DEFAULT_ADMIN_URL.to_owned()
+    })
 }
 
 /// `url` with its database replaced by `database`, keeping any query parameters.

@@ -19,7 +19,10 @@ const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
 const T0: Timestamp = Timestamp(1_800_000_000_000);
 
 fn url() -> String {
-    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| {
+        idem_testkit::require(idem_testkit::Service::Redis);
+        DEFAULT_URL.to_owned()
+    })
 }
 
 /// A key prefix for one test; dropping it deletes every key under it.

@@ -27,7 +27,7 @@ use crate::response::{problem, replay};
 /// Finds the account a request acts for.
 type AccountFn = Arc<dyn Fn(&Parts) -> AccountId + Send + Sync>;
 
-/// Applies the idem HTTP contract (SPEC §2) to the wrapped service.
+/// Applies the idem HTTP contract (docs/contract.md §2) to the wrapped service.
 ///
 /// Build it with [`IdempotencyLayer::transactional`] (the handler's writes share the key's
 /// transaction) or [`IdempotencyLayer::leased`] (the work calls something outside the

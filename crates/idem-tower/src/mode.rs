@@ -1,4 +1,4 @@
-//! The two ways to be atomic (SPEC §3).
+//! The two ways to be atomic (docs/contract.md §3).
 
 use std::fmt;
 use std::future::Future;

@@ -1,4 +1,4 @@
-//! The checks of SPEC §7, in the order they run. Each sends real requests and turns what came
+//! The checks of docs/contract.md §7, in the order they run. Each sends real requests and turns what came
 //! back into one [`Check`] whose detail says what the drill saw.
 
 use std::collections::BTreeSet;
@@ -98,7 +98,7 @@ impl Drill {
         Ok(Published { url, document })
     }
 
-    /// SPEC §7.1: N copies at once with one key.
+    /// docs/contract.md §7.1: N copies at once with one key.
     async fn concurrent(&self) -> anyhow::Result<(Check, Original)> {
         let intent = self.post(&self.auth_a, &self.config.body);
         let n = self.config.concurrency;
@@ -180,7 +180,7 @@ impl Drill {
         ))
     }
 
-    /// SPEC §7.2: the same request again, later.
+    /// docs/contract.md §7.2: the same request again, later.
     async fn replay(&self, original: &Original) -> Check {
         let answer = match self.send(&original.intent).await {
             Ok(answer) => answer,
@@ -221,7 +221,7 @@ impl Drill {
         }
     }
 
-    /// SPEC §7.3: the same key with a different body is refused, and nothing is made.
+    /// docs/contract.md §7.3: the same key with a different body is refused, and nothing is made.
     async fn mismatch(&self, original: &Original) -> Check {
         let Some(body) = JsonObject::parse(&self.config.body) else {
             return Check::skip(MISMATCH, "the body is not a JSON object the drill can vary");
@@ -249,7 +249,7 @@ impl Drill {
         Check::verdict(MISMATCH, ok, detail, "422, then the same id replayed")
     }
 
-    /// SPEC §7.4: the same key and body from account B is a request of B's own.
+    /// docs/contract.md §7.4: the same key and body from account B is a request of B's own.
     async fn account_scope(&self, original: &Original) -> Check {
         if original.id.is_none() {
             return Check::skip(ACCOUNT, "no resource id to compare (see --id-field)");
@@ -281,7 +281,7 @@ impl Drill {
         Check::verdict(ACCOUNT, ok, detail, "a new id, not replayed")
     }
 
-    /// SPEC §7.5, first half: a POST without a key.
+    /// docs/contract.md §7.5, first half: a POST without a key.
     async fn missing_key(&self, published: &Published) -> Check {
         if published.field("key_required") == Some(&Value::Bool(false)) {
             return Check::skip(
@@ -301,7 +301,7 @@ impl Drill {
         }
     }
 
-    /// SPEC §7.5, second half: every malformed form of the header is refused.
+    /// docs/contract.md §7.5, second half: every malformed form of the header is refused.
     async fn malformed_key(&self, published: &Published) -> Check {
         let fresh = || filler(32);
         let min = published.key_length("key_min_length", 8);
@@ -355,7 +355,7 @@ impl Drill {
         }
     }
 
-    /// SPEC §7.6: a GET is untouched by keys, valid or not.
+    /// docs/contract.md §7.6: a GET is untouched by keys, valid or not.
     async fn get_with_key(&self, original: &Original) -> Check {
         let Some(id) = &original.id else {
             return Check::skip(GET_WITH_KEY, "no resource id to GET (see --id-field)");
@@ -424,7 +424,7 @@ impl Drill {
         }
     }
 
-    /// SPEC §7.7: once the published retention has passed, the key is new again.
+    /// docs/contract.md §7.7: once the published retention has passed, the key is new again.
     async fn expiry(&self, published: &Published) -> Check {
         let policy = published.url.path();
         let retention = match (&published.document, published.field("retention_seconds")) {

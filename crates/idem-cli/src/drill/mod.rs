@@ -1,4 +1,4 @@
-//! `idem drill`: checks any HTTP API against the idempotency contract (SPEC §7) from the
+//! `idem drill`: checks any HTTP API against the idempotency contract (docs/contract.md §7) from the
 //! outside and reports each check as PASS, FAIL or SKIP with what it saw.
 //!
 //! The drill is a client like any other: it sends real requests with fresh UUID v4 keys (so
@@ -35,7 +35,7 @@ pub use report::{Check, Report, Status};
 pub const DEFAULT_BODY: &str = r#"{"amount": 49900, "currency": "INR"}"#;
 
 const AFTER_HELP: &str = "\
-Checks (SPEC §7):
+Checks (docs/contract.md §7):
   concurrent      --concurrency identical requests at once with one key: one resource, the
                   same status and id for all, all but one marked Idempotent-Replayed: true
                   (a 409 for a key in use is retried, as a client would)

@@ -1,4 +1,4 @@
-//! `idem serve`: the reference payments API (SPEC §4), the testbed for everything else.
+//! `idem serve`: the reference payments API (docs/contract.md §4), the testbed for everything else.
 
 use std::collections::HashMap;
 use std::future::Future;

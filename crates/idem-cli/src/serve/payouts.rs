@@ -1,4 +1,4 @@
-//! `POST /payouts`: work outside the database, in lease mode (SPEC §3).
+//! `POST /payouts`: work outside the database, in lease mode (docs/contract.md §3).
 //!
 //! The key is claimed and committed with a lease first; the provider is called with a key
 //! derived from ours (so the provider dedupes a repeated call); the outcome is stored only by

@@ -1,4 +1,4 @@
-//! `idem simulate`: the ACK-loss experiment (SPEC §8) over real HTTP with real faults.
+//! `idem simulate`: the ACK-loss experiment (docs/contract.md §8) over real HTTP with real faults.
 //!
 //! A published write-up of the Idempotency-Key pattern modelled, in a few lines of numpy,
 //! 10,000 payment requests (seed 42) whose answers are lost with probability p and retried:

@@ -1,0 +1,105 @@
+//! What idem's tests share.
+//!
+//! [`require`] checks that a service a test talks to is up, so a test whose service is missing
+//! fails in seconds with a message naming the command that starts it, instead of hanging in a
+//! client's own connect or delivery timeout (librdkafka waits a minute and more).
+//!
+//! ```
+//! use idem_testkit::{Service, require};
+//! # fn test() {
+//! require(Service::Redis); // panics at once, naming scripts/services.sh, if Redis is down
+//! # }
+//! ```
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// A service on loopback that idem's tests talk to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Service {
+    /// PostgreSQL on 127.0.0.1:5432, user `postgres`, trust authentication.
+    Postgres,
+    /// Redis on 127.0.0.1:6379.
+    Redis,
+    /// NATS with JetStream on 127.0.0.1:4222.
+    Nats,
+    /// RabbitMQ on 127.0.0.1:5672, guest/guest.
+    RabbitMq,
+    /// A Kafka-compatible broker (tansu) on 127.0.0.1:19092.
+    Kafka,
+}
+
+impl Service {
+    /// Its name, as an operator knows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Service::Postgres => "PostgreSQL",
+            Service::Redis => "Redis",
+            Service::Nats => "NATS (with JetStream)",
+            Service::RabbitMq => "RabbitMQ",
+            Service::Kafka => "a Kafka-compatible broker (tansu)",
+        }
+    }
+
+    /// Where the tests expect it.
+    pub fn addr(self) -> SocketAddr {
+        let port = match self {
+            Service::Postgres => 5432,
+            Service::Redis => 6379,
+            Service::Nats => 4222,
+            Service::RabbitMq => 5672,
+            Service::Kafka => 19092,
+        };
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+}
+
+/// How long a service on loopback may take to accept a connection before it counts as down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Panics, naming the command that starts it, unless `service` accepts a TCP connection.
+pub fn require(service: Service) {
+    if let Err(message) = check(service, service.addr()) {
+        panic!("{message}");
+    }
+}
+
+/// Whether `service` answers at `addr`; the message says what to do when it does not.
+fn check(service: Service, addr: SocketAddr) -> Result<(), String> {
+    match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+        Ok(_) => Ok(()),
+        Err(error) => Err(format!(
+            "{} is not reachable on {addr} ({error}): this test needs it. Start every service \
+             the tests use with `bash scripts/services.sh` from the repository root (it builds \
+             tansu once); see CONTRIBUTING.md",
+            service.name()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_port_is_named_with_its_address_and_the_command_that_starts_it() {
+        // A port nobody listens on: bound, then closed.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let message = check(Service::Kafka, addr).unwrap_err();
+        assert!(message.contains("tansu"), "{message}");
+        assert!(message.contains(&addr.to_string()), "{message}");
+        assert!(message.contains("scripts/services.sh"), "{message}");
+    }
+
+    #[test]
+    fn a_listening_port_passes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert_eq!(
+            check(Service::Redis, listener.local_addr().unwrap()),
+            Ok(())
+        );
+    }
+}
