@@ -301,6 +301,16 @@ async fn provoked_refusals_are_answers_the_document_lists() {
             ),
             "validation",
         ),
+        // PostgreSQL's text cannot hold NUL: refused up front on every database, not a 500.
+        (
+            "/payments",
+            post(
+                "/payments",
+                Some("openapi-nul-reference"),
+                r#"{"amount": 1, "currency": "INR", "reference": "a\u0000b"}"#,
+            ),
+            "validation",
+        ),
         (
             "/payments",
             post("/payments", Some("openapi-too-large"), &"x".repeat(2 << 20)),
@@ -325,6 +335,18 @@ async fn provoked_refusals_are_answers_the_document_lists() {
     let first = send(post("/payments", Some("openapi-payment-1"), BODY)).await;
     assert_eq!(first.status, 201);
     assert_documented(&doc, "post", "/payments", &first);
+    // The reference's limit counts characters, as the schema's maxLength does.
+    let long_reference = format!(
+        r#"{{"amount": 1, "currency": "INR", "reference": "{}"}}"#,
+        "é".repeat(255)
+    );
+    let accented = send(post(
+        "/payments",
+        Some("openapi-reference-255"),
+        &long_reference,
+    ))
+    .await;
+    assert_eq!(accented.status, 201, "{}", accented.body);
     let replay = send(post("/payments", Some("openapi-payment-1"), BODY)).await;
     assert!(replay.replayed());
     assert_documented(&doc, "post", "/payments", &replay);
@@ -353,7 +375,13 @@ async fn provoked_refusals_are_answers_the_document_lists() {
             .bearer_auth(ALICE),
     )
     .await;
-    assert_eq!(list.body["data"][0]["id"], first.id());
+    let ids: Vec<&str> = list.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [accented.id(), first.id()], "newest first");
     assert_documented(&doc, "get", "/payments", &list);
     for path in ["/healthz", "/idempotency-policy", "/metrics"] {
         let answer = send(server.client.get(format!("{}{path}", server.url))).await;

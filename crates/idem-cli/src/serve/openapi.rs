@@ -641,7 +641,8 @@ fn payment_request() -> ObjectBuilder {
             ObjectBuilder::new()
                 .schema_type([Type::String, Type::Null].into_iter().collect::<utoipa::openapi::schema::SchemaType>())
                 .max_length(Some(255))
-                .description(Some("The caller's own reference, kept with the payment.")),
+                .pattern(Some("^[^\\u0000]*$"))
+                .description(Some("The caller's own reference, kept with the payment: at most 255 characters, none of them NUL.")),
         )
         .required("amount")
         .required("currency")
