@@ -23,6 +23,7 @@ use tokio::net::TcpListener;
 mod auth;
 mod backend;
 mod invoices;
+mod openapi;
 mod payments;
 mod payouts;
 mod relay;
@@ -431,6 +432,7 @@ impl<B: Backend> App<B> {
             .route("/healthz", get(healthz::<B>))
             .route("/metrics", get(metrics::<B>))
             .route("/idempotency-policy", get(policy::<B>))
+            .route("/openapi.json", get(openapi::document::<B>))
             .merge(api)
             .with_state(self.clone())
     }

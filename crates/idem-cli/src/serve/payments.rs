@@ -44,7 +44,7 @@ pub(crate) struct NewPayment {
 }
 
 /// Validates `{"amount": <positive integer>, "currency": "<3 capital letters>"}` with an
-/// optional `"reference"` string of at most 255 bytes.
+/// optional `"reference"` string of at most 255 characters, none of them NUL.
 pub(crate) fn parse_request(body: &[u8]) -> Result<NewPayment, String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
@@ -61,8 +61,12 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<NewPayment, String> {
         .ok_or("currency must be three capital letters, such as \"INR\"")?;
     let reference = match value.get("reference") {
         None | Some(Value::Null) => None,
-        Some(Value::String(r)) if r.len() <= 255 => Some(r.clone()),
-        Some(_) => return Err("reference must be a string of at most 255 bytes".into()),
+        // Characters, not bytes, as the published schema's maxLength counts them. NUL is
+        // refused because PostgreSQL's text cannot hold it (the insert would fail with 500).
+        Some(Value::String(r)) if r.chars().count() <= 255 && !r.contains('\0') => Some(r.clone()),
+        Some(_) => {
+            return Err("reference must be a string of at most 255 characters, without NUL".into());
+        }
     };
     Ok(NewPayment {
         amount,

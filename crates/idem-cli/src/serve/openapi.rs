@@ -1,0 +1,787 @@
+//! The OpenAPI 3.1 document of `idem serve`, served at `GET /openapi.json`.
+//!
+//! Written by hand with utoipa's builders rather than derived from the handlers: the statuses
+//! that matter most here (the idempotency layer's `400`/`409`/`422`/`503`, the
+//! authentication's `401`) come from layers the handlers never see, so only a document written
+//! route by route can list every answer a route gives. `tests/openapi.rs` and
+//! `scripts/schemathesis.sh` hold it to what the server does.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use idem_core::{KeyLimits, Policy};
+use serde_json::json;
+use utoipa::openapi::extensions::Extensions;
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::link::LinkBuilder;
+use utoipa::openapi::path::{
+    HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathItem,
+};
+use utoipa::openapi::request_body::RequestBodyBuilder;
+use utoipa::openapi::response::{ResponseBuilder, ResponsesBuilder};
+use utoipa::openapi::schema::{
+    AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type,
+};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{
+    ComponentsBuilder, ContentBuilder, InfoBuilder, OpenApi, OpenApiBuilder, PathsBuilder, Ref,
+    RefOr, Required,
+};
+
+use super::App;
+use super::backend::Backend;
+
+/// The media type of every problem-details answer (RFC 9457).
+const PROBLEM_JSON: &str = "application/problem+json";
+const JSON: &str = "application/json";
+
+/// One problem type idem serve answers with: the schema's name, its `type`, and the statuses
+/// it comes with.
+struct ProblemType {
+    schema: &'static str,
+    uri: &'static str,
+    statuses: &'static [u16],
+    description: &'static str,
+}
+
+/// Every problem type idem serve can answer with: the idempotency layer's (idem-core's
+/// `ProblemKind`) and the service's own (`problem(...)` in payments.rs, payouts.rs, auth.rs).
+const PROBLEMS: &[ProblemType] = &[
+    ProblemType {
+        schema: "MissingKeyProblem",
+        uri: "urn:idem:problem:missing-key",
+        statuses: &[400],
+        description: "A POST came without an Idempotency-Key header. Nothing was stored.",
+    },
+    ProblemType {
+        schema: "MalformedKeyProblem",
+        uri: "urn:idem:problem:malformed-key",
+        statuses: &[400],
+        description: "The Idempotency-Key header is malformed: outside 8-255 characters of visible ASCII, a list, parameters, or several fields. Nothing was stored.",
+    },
+    ProblemType {
+        schema: "MalformedBodyProblem",
+        uri: "urn:idem:problem:malformed-body",
+        statuses: &[400],
+        description: "The body could not be fingerprinted (a JSON object with a duplicate member, or a body that could not be read). Nothing was stored.",
+    },
+    ProblemType {
+        schema: "ValidationProblem",
+        uri: "urn:idem:problem:validation",
+        statuses: &[400],
+        description: "The request is not a valid payment request (amount a positive integer, currency three capital letters). Not stored: fix the request and retry with the same key.",
+    },
+    ProblemType {
+        schema: "UnauthorizedProblem",
+        uri: "urn:idem:problem:unauthorized",
+        statuses: &[401],
+        description: "No registered sandbox token in `Authorization: Bearer <token>`.",
+    },
+    ProblemType {
+        schema: "CardDeclinedProblem",
+        uri: "urn:idem:problem:card-declined",
+        statuses: &[402],
+        description: "The payment provider declined the payout: a business outcome, stored and replayed.",
+    },
+    ProblemType {
+        schema: "NotFoundProblem",
+        uri: "urn:idem:problem:not-found",
+        statuses: &[404],
+        description: "No such payment in the authenticated account.",
+    },
+    ProblemType {
+        schema: "BodyTimeoutProblem",
+        uri: "urn:idem:problem:body-timeout",
+        statuses: &[408],
+        description: "The request body did not arrive in time. Nothing was stored.",
+    },
+    ProblemType {
+        schema: "InUseProblem",
+        uri: "urn:idem:problem:in-use",
+        statuses: &[409],
+        description: "The key's original request is still running; retry after Retry-After seconds.",
+    },
+    ProblemType {
+        schema: "OutcomeUnknownProblem",
+        uri: "urn:idem:problem:outcome-unknown",
+        statuses: &[409, 502, 504],
+        description: "A payout may or may not have happened (the provider failed or did not answer, 502/504), or such a payout is being reconciled with the provider (409). Retry with the same key to learn which.",
+    },
+    ProblemType {
+        schema: "BodyTooLargeProblem",
+        uri: "urn:idem:problem:body-too-large",
+        statuses: &[413],
+        description: "The request body is over the limit. Nothing was stored.",
+    },
+    ProblemType {
+        schema: "MismatchProblem",
+        uri: "urn:idem:problem:mismatch",
+        statuses: &[422],
+        description: "The key was used for a different request (method, path, query, content type or body). The stored record is untouched.",
+    },
+    ProblemType {
+        schema: "InternalProblem",
+        uri: "urn:idem:problem:internal",
+        statuses: &[500],
+        description: "The payment could not be recorded. Nothing was charged or stored; retry with the same key.",
+    },
+    ProblemType {
+        schema: "UpstreamUnavailableProblem",
+        uri: "urn:idem:problem:upstream-unavailable",
+        statuses: &[502],
+        description: "The payment provider could not be reached; nothing was sent to it, so a retry with the same key runs fresh.",
+    },
+    ProblemType {
+        schema: "StoreUnavailableProblem",
+        uri: "urn:idem:problem:store-unavailable",
+        statuses: &[503],
+        description: "The database is unavailable; the request was not processed. Retry after Retry-After seconds with the same key.",
+    },
+];
+
+/// `GET /openapi.json`: the document, for the policy this server runs with.
+pub(crate) async fn document<B: Backend>(State(app): State<App<B>>) -> Response {
+    Json(build(&app.policy)).into_response()
+}
+
+/// The regular expression of an `Idempotency-Key` field value the server accepts with
+/// `limits`: a bare key (visible ASCII without `"`, `,` and `;`) or an sf-string whose
+/// unescaped value is visible ASCII (`\"` and `\\` are one character each). Mirrors
+/// `idem_core::IdempotencyKey::parse`, less the optional whitespace around the value, which
+/// HTTP strips before the server sees it.
+pub(crate) fn key_pattern(limits: KeyLimits) -> String {
+    let (min, max) = (limits.min_len, limits.max_len);
+    // Written with hex escapes, which ECMA-262, Python and Rust regexes all read alike.
+    format!(
+        r#"^(?:[\x21\x23-\x2B\x2D-\x3A\x3C-\x7E]{{{min},{max}}}|"(?:[\x21\x23-\x5B\x5D-\x7E]|\\["\\]){{{min},{max}}}")$"#
+    )
+}
+
+fn build(policy: &Policy) -> OpenApi {
+    let limits = policy.key_limits;
+    let mut components = ComponentsBuilder::new()
+        .security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "A sandbox token registered with `idem serve --token TOKEN=ACCOUNT` (by default `sk_test_alice` and `sk_test_bob`). Keys are scoped to the account it authenticates.",
+                    ))
+                    .build(),
+            ),
+        )
+        .parameter(
+            "IdempotencyKey",
+            ParameterBuilder::new()
+                .name("Idempotency-Key")
+                .parameter_in(ParameterIn::Header)
+                .required(Required::True)
+                .description(Some(format!(
+                    "One key per intent, reused by every retry of it: {}-{} characters of visible ASCII (0x21-0x7E), as a bare token (Stripe's form; no `\"`, `,` or `;`) or an RFC 9651 sf-string (`\"...\"`, the IETF draft's form); both name the same key. Scoped to the authenticated account, remembered for {} s.",
+                    limits.min_len,
+                    limits.max_len,
+                    policy.retention.as_secs()
+                )))
+                .schema(Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .min_length(Some(limits.min_len))
+                        // The sf-string form: every character escaped, plus the two quotes.
+                        .max_length(Some(limits.max_len * 2 + 2))
+                        .pattern(Some(key_pattern(limits))),
+                ))
+                .build(),
+        )
+        .header(
+            "IdempotentReplayed",
+            HeaderBuilder::new()
+                .schema(Some(string_enum(&["true"])))
+                .description(Some(
+                    "Present on a replay: the stored answer of the key's first request; the work was not done again.",
+                ))
+                .build(),
+        )
+        .header(
+            "IdempotentReplay",
+            HeaderBuilder::new()
+                .schema(Some(string_enum(&["omitted"])))
+                .description(Some(
+                    "On a replay whose original body was over the storage cap: status and headers as stored, empty body.",
+                ))
+                .build(),
+        )
+        .header(
+            "Location",
+            HeaderBuilder::new()
+                .schema(Some(string()))
+                .description(Some("The created payment, `/payments/{id}`."))
+                .build(),
+        )
+        .header(
+            "WwwAuthenticate",
+            HeaderBuilder::new()
+                .schema(Some(string_enum(&["Bearer"])))
+                .build(),
+        );
+    for problem in PROBLEMS {
+        components = components.schema(problem.schema, problem_schema(problem));
+    }
+    let components = components
+        .schema("PaymentRequest", payment_request())
+        .schema("Payment", payment())
+        .schema("PaymentList", payment_list())
+        .schema("Invoice", invoice())
+        .schema("Payout", payout())
+        .schema("Health", health())
+        .schema("PublishedPolicy", published_policy())
+        .build();
+
+    let paths = PathsBuilder::new()
+        .path(
+            "/payments",
+            PathItem::new(
+                HttpMethod::Post,
+                covered_post(
+                    "createPayment",
+                    "Create a payment",
+                    "Charges `amount` minor units of `currency` once per Idempotency-Key: a retry with the same key and body replays the first answer.",
+                    ResponseBuilder::new()
+                        .description("The payment was made (or, with Idempotent-Replayed, made by the key's first request).")
+                        .content(JSON, content_ref("Payment"))
+                        .header_ref("Location", header("Location"))
+                        .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
+                        .header_ref("Idempotent-Replay", header("IdempotentReplay"))
+                        .link(
+                            "GetPaymentById",
+                            LinkBuilder::new()
+                                .operation_id("getPayment")
+                                .parameter("id", "$response.body#/id")
+                                .description("The payment just created.")
+                                .build(),
+                        ),
+                    &["InUseProblem"],
+                    &[],
+                    true,
+                ),
+            ),
+        )
+        .path(
+            "/payments",
+            PathItem::new(
+                HttpMethod::Get,
+                authenticated(
+                    "listPayments",
+                    "List the account's payments",
+                    "The authenticated account's payments, newest first, at most 100.",
+                )
+                .response(
+                    "200",
+                    ResponseBuilder::new()
+                        .description("The account's payments.")
+                        .content(JSON, content_ref("PaymentList")),
+                )
+                .response("401", unauthorized())
+                .response("503", problem_response("The database is unavailable.", &["StoreUnavailableProblem"], true)),
+            ),
+        )
+        .path(
+            "/payments/{id}",
+            PathItem::new(
+                HttpMethod::Get,
+                authenticated(
+                    "getPayment",
+                    "Show a payment",
+                    "Only the account that made the payment sees it; any other account gets 404.",
+                )
+                .parameter(
+                    ParameterBuilder::new()
+                        .name("id")
+                        .parameter_in(ParameterIn::Path)
+                        .required(Required::True)
+                        .description(Some("The payment's id, as `POST /payments` returned it (`pay_…`)."))
+                        .schema(Some(ObjectBuilder::new().schema_type(Type::String).min_length(Some(1))))
+                        .build(),
+                )
+                .response(
+                    "200",
+                    ResponseBuilder::new()
+                        .description("The payment.")
+                        .content(JSON, content_ref("Payment")),
+                )
+                .response("401", unauthorized())
+                .response("404", problem_response("No such payment in this account.", &["NotFoundProblem"], false))
+                .response("503", problem_response("The database is unavailable.", &["StoreUnavailableProblem"], true)),
+            ),
+        )
+        .path(
+            "/invoices",
+            PathItem::new(
+                HttpMethod::Post,
+                covered_post(
+                    "createInvoice",
+                    "Issue an invoice",
+                    "Issues the account's next invoice number, gapless: a retry with the same key gets the number already issued.",
+                    ResponseBuilder::new()
+                        .description("The invoice was issued (or, with Idempotent-Replayed, issued by the key's first request).")
+                        .content(JSON, content_ref("Invoice"))
+                        .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
+                        .header_ref("Idempotent-Replay", header("IdempotentReplay")),
+                    &["InUseProblem"],
+                    &[],
+                    false,
+                ),
+            ),
+        )
+        .path(
+            "/payouts",
+            PathItem::new(
+                HttpMethod::Post,
+                covered_post(
+                    "createPayout",
+                    "Pay out through the payment provider",
+                    "Runs in lease mode: the key is claimed first, the provider is called with a key derived from it, and a payout whose outcome is unknown is reconciled with the provider before any retry runs.",
+                    ResponseBuilder::new()
+                        .description("The provider paid (or, with Idempotent-Replayed, paid for the key's first request).")
+                        .content(JSON, content_ref("Payout"))
+                        .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
+                        .header_ref("Idempotent-Replay", header("IdempotentReplay")),
+                    &["InUseProblem", "OutcomeUnknownProblem"],
+                    &[
+                        (
+                            "402",
+                            ResponseBuilder::new()
+                                .description("The provider declined: a business outcome, stored and replayed.")
+                                .content(PROBLEM_JSON, problem_content(&["CardDeclinedProblem"]))
+                                .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
+                                .build(),
+                        ),
+                        (
+                            "502",
+                            retry_later(
+                                "The provider could not be reached (nothing was sent), or it failed and the payout may have happened.",
+                                &["UpstreamUnavailableProblem", "OutcomeUnknownProblem"],
+                            ),
+                        ),
+                        (
+                            "504",
+                            retry_later(
+                                "The provider did not answer: the payout may have happened; it is reconciled with the provider.",
+                                &["OutcomeUnknownProblem"],
+                            ),
+                        ),
+                    ],
+                    false,
+                ),
+            ),
+        )
+        .path(
+            "/healthz",
+            PathItem::new(
+                HttpMethod::Get,
+                public("healthz", "Health", "Whether the database answers.")
+                    .response(
+                        "200",
+                        ResponseBuilder::new()
+                            .description("The database answers.")
+                            .content(JSON, content_ref("Health")),
+                    )
+                    .response(
+                        "503",
+                        ResponseBuilder::new()
+                            .description("The database does not answer.")
+                            .content(JSON, content_ref("Health")),
+                    ),
+            ),
+        )
+        .path(
+            "/metrics",
+            PathItem::new(
+                HttpMethod::Get,
+                public("metrics", "Prometheus metrics", "The process's metrics in the Prometheus text format.")
+                    .response(
+                        "200",
+                        ResponseBuilder::new()
+                            .description("The metrics.")
+                            .content("text/plain", ContentBuilder::new().schema(Some(string())).build()),
+                    ),
+            ),
+        )
+        .path(
+            "/idempotency-policy",
+            PathItem::new(
+                HttpMethod::Get,
+                public(
+                    "getIdempotencyPolicy",
+                    "The published idempotency rules",
+                    "Header name, key format, scope, covered methods, retention, mismatch and in-flight behaviour.",
+                )
+                .response(
+                    "200",
+                    ResponseBuilder::new()
+                        .description("The rules this server applies.")
+                        .content(JSON, content_ref("PublishedPolicy")),
+                ),
+            ),
+        )
+        .path(
+            "/openapi.json",
+            PathItem::new(
+                HttpMethod::Get,
+                public("getOpenApi", "This document", "The OpenAPI 3.1 document of this server.")
+                    .response(
+                        "200",
+                        ResponseBuilder::new()
+                            .description("The document.")
+                            .content(JSON, ContentBuilder::new().schema(Some(ObjectBuilder::new().schema_type(Type::Object))).build()),
+                    ),
+            ),
+        )
+        .build();
+
+    OpenApiBuilder::new()
+        .info(
+            InfoBuilder::new()
+                .title("idem serve")
+                .version(env!("CARGO_PKG_VERSION"))
+                .description(Some(
+                    "The reference payments API of idem: every POST takes an Idempotency-Key, and a retry of the same request with the same key gets the first answer again instead of a second payment.",
+                ))
+                .build(),
+        )
+        .paths(paths)
+        .components(Some(components))
+        .build()
+}
+
+/// An operation that needs the bearer token.
+fn authenticated(id: &str, summary: &str, description: &str) -> OperationBuilder {
+    public(id, summary, description).security(SecurityRequirement::new("bearer", [""; 0]))
+}
+
+/// An operation anyone may call.
+fn public(id: &str, summary: &str, description: &str) -> OperationBuilder {
+    OperationBuilder::new()
+        .operation_id(Some(id))
+        .summary(Some(summary))
+        .description(Some(description))
+}
+
+/// A POST behind authentication and the idempotency layer: its `success` (`201`), the
+/// problems its `409` may carry, the route's own `extra` answers, and every answer of the
+/// layer. `internal` adds the `500` of a payment that could not be recorded.
+fn covered_post(
+    id: &str,
+    summary: &str,
+    description: &str,
+    success: ResponseBuilder,
+    conflict: &[&str],
+    extra: &[(&str, utoipa::openapi::Response)],
+    internal: bool,
+) -> OperationBuilder {
+    let mut responses = ResponsesBuilder::new()
+        .response("201", success)
+        .response(
+            "400",
+            problem_response(
+                "The key is missing or malformed, the body cannot be fingerprinted, or the request is invalid. Nothing was stored: fix the request and retry with the same key.",
+                &["MissingKeyProblem", "MalformedKeyProblem", "MalformedBodyProblem", "ValidationProblem"],
+                false,
+            ),
+        )
+        .response("401", unauthorized())
+        .response("408", problem_response("The body did not arrive in time.", &["BodyTimeoutProblem"], false))
+        .response("409", retry_required("The key's original request is still running or being reconciled.", conflict))
+        .response("413", problem_response("The body is over the limit.", &["BodyTooLargeProblem"], false))
+        .response("422", problem_response("The key was used for a different request.", &["MismatchProblem"], false))
+        .response("503", retry_required("The database is unavailable; nothing was done.", &["StoreUnavailableProblem"]));
+    for (status, response) in extra {
+        responses = responses.response(*status, response.clone());
+    }
+    if internal {
+        responses = responses.response(
+            "500",
+            problem_response(
+                "The payment could not be recorded; nothing was charged.",
+                &["InternalProblem"],
+                false,
+            ),
+        );
+    }
+    authenticated(id, summary, description)
+        .parameter_ref(Ref::new("#/components/parameters/IdempotencyKey"))
+        .request_body(Some(
+            RequestBodyBuilder::new()
+                .required(Some(Required::True))
+                .content(JSON, content_ref("PaymentRequest"))
+                .build(),
+        ))
+        .responses(responses.build())
+}
+
+fn unauthorized() -> ResponseBuilder {
+    ResponseBuilder::new()
+        .description("No registered bearer token.")
+        .content(PROBLEM_JSON, problem_content(&["UnauthorizedProblem"]))
+        .header_ref("WWW-Authenticate", header("WwwAuthenticate"))
+}
+
+/// A problem answer that always carries `Retry-After`.
+fn retry_required(description: &str, schemas: &[&str]) -> utoipa::openapi::Response {
+    problem_response(description, schemas, true).build()
+}
+
+/// A problem answer that may carry `Retry-After`.
+fn retry_later(description: &str, schemas: &[&str]) -> utoipa::openapi::Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content(PROBLEM_JSON, problem_content(schemas))
+        .header("Retry-After", retry_after(false))
+        .build()
+}
+
+fn problem_response(description: &str, schemas: &[&str], retry: bool) -> ResponseBuilder {
+    let response = ResponseBuilder::new()
+        .description(description)
+        .content(PROBLEM_JSON, problem_content(schemas));
+    if retry {
+        response.header("Retry-After", retry_after(true))
+    } else {
+        response
+    }
+}
+
+fn retry_after(required: bool) -> utoipa::openapi::Header {
+    // utoipa 6's Header has no `required` field, and its extensions are written flat into the
+    // object, so they carry the member OpenAPI defines.
+    HeaderBuilder::new()
+        .schema(Some(integer(1)))
+        .description(Some("Seconds to wait before retrying with the same key."))
+        .extensions(Some(Extensions::from_iter([("required", required)])))
+        .build()
+}
+
+fn problem_content(schemas: &[&str]) -> utoipa::openapi::Content {
+    let schema: RefOr<Schema> = match schemas {
+        [one] => schema_ref(one),
+        many => many
+            .iter()
+            .fold(OneOfBuilder::new(), |one_of, name| {
+                one_of.item(schema_ref(name))
+            })
+            .into(),
+    };
+    ContentBuilder::new().schema(Some(schema)).build()
+}
+
+fn content_ref(schema: &str) -> utoipa::openapi::Content {
+    ContentBuilder::new()
+        .schema(Some(schema_ref(schema)))
+        .build()
+}
+
+fn schema_ref(name: &str) -> RefOr<Schema> {
+    RefOr::Ref(Ref::from_schema_name(name))
+}
+
+fn header(name: &str) -> Ref {
+    Ref::new(format!("#/components/headers/{name}"))
+}
+
+/// An RFC 9457 problem-details document whose `type` is `problem.uri` and whose `status` is
+/// one of `problem.statuses`.
+fn problem_schema(problem: &ProblemType) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(problem.description))
+        .property(
+            "type",
+            string_enum(&[problem.uri]).description(Some("The problem type, stable per case.")),
+        )
+        .property(
+            "title",
+            string().description(Some("A summary of the problem type.")),
+        )
+        .property(
+            "status",
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .enum_values(Some(problem.statuses.iter().copied())),
+        )
+        .property(
+            "detail",
+            string().description(Some("What happened this time.")),
+        )
+        .required("type")
+        .required("title")
+        .required("status")
+        .required("detail")
+}
+
+fn payment_request() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some("What to charge. Other members are ignored, but they are part of the request's fingerprint."))
+        .property(
+            "amount",
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(1))
+                .maximum(Some(i64::MAX))
+                .description(Some("Minor units (paise, cents), a positive integer.")),
+        )
+        .property(
+            "currency",
+            string()
+                .pattern(Some("^[A-Z]{3}$"))
+                .description(Some("Three capital letters, such as INR.")),
+        )
+        .property(
+            "reference",
+            ObjectBuilder::new()
+                .schema_type([Type::String, Type::Null].into_iter().collect::<utoipa::openapi::schema::SchemaType>())
+                .max_length(Some(255))
+                .pattern(Some("^[^\\u0000]*$"))
+                .description(Some("The caller's own reference, kept with the payment: at most 255 characters, none of them NUL.")),
+        )
+        .required("amount")
+        .required("currency")
+        .examples([json!({"amount": 49900, "currency": "INR"})])
+}
+
+fn payment() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("id", string().description(Some("`pay_` and a UUIDv7.")))
+        .property("amount", integer(1))
+        .property("currency", string().pattern(Some("^[A-Z]{3}$")))
+        .property("status", string_enum(&["succeeded"]))
+        .property("reference", string())
+        .property(
+            "created_at",
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .description(Some("Milliseconds since the Unix epoch.")),
+        )
+        .required("id")
+        .required("amount")
+        .required("currency")
+        .required("status")
+        .required("created_at")
+}
+
+fn payment_list() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property(
+            "data",
+            ArrayBuilder::new()
+                .items(schema_ref("Payment"))
+                .max_items(Some(100)),
+        )
+        .required("data")
+}
+
+fn invoice() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("id", string().description(Some("`inv_` and a UUIDv7.")))
+        .property(
+            "number",
+            integer(1).description(Some("The account's invoice number: 1, 2, 3… without gaps.")),
+        )
+        .property("amount", integer(1))
+        .property("currency", string().pattern(Some("^[A-Z]{3}$")))
+        .property(
+            "created_at",
+            ObjectBuilder::new().schema_type(Type::Integer),
+        )
+        .required("id")
+        .required("number")
+        .required("amount")
+        .required("currency")
+        .required("created_at")
+}
+
+fn payout() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property(
+            "id",
+            string().description(Some("`po_` and the provider's charge id.")),
+        )
+        .property("amount", integer(1))
+        .property("currency", string().pattern(Some("^[A-Z]{3}$")))
+        .property("status", string_enum(&["paid"]))
+        .property("provider_charge", string())
+        .required("id")
+        .required("amount")
+        .required("currency")
+        .required("status")
+        .required("provider_charge")
+}
+
+fn health() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property("status", string_enum(&["ok", "unavailable"]))
+        .property(
+            "error",
+            string().description(Some("Why the database does not answer.")),
+        )
+        .required("status")
+}
+
+fn published_policy() -> ObjectBuilder {
+    let strings = [
+        "header",
+        "key_format",
+        "scope",
+        "fingerprint",
+        "mismatch",
+        "in_flight",
+        "replay_header",
+        "stored_outcomes",
+    ];
+    let integers = [
+        "key_min_length",
+        "key_max_length",
+        "retention_seconds",
+        "request_body_limit_bytes",
+        "response_storage_cap_bytes",
+    ];
+    let mut policy = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some("The idempotency rules, as README.md explains them."))
+        .additional_properties(Some(AdditionalProperties::FreeForm(true)));
+    for name in strings {
+        policy = policy.property(name, string()).required(name);
+    }
+    for name in integers {
+        policy = policy.property(name, integer(0)).required(name);
+    }
+    policy
+        .property(
+            "key_required",
+            ObjectBuilder::new().schema_type(Type::Boolean),
+        )
+        .required("key_required")
+        .property("covered_methods", ArrayBuilder::new().items(string()))
+        .required("covered_methods")
+        .property("unstored_statuses", ArrayBuilder::new().items(integer(100)))
+        .required("unstored_statuses")
+}
+
+fn string() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(Type::String)
+}
+
+fn string_enum(values: &[&str]) -> ObjectBuilder {
+    string().enum_values(Some(values.iter().copied()))
+}
+
+fn integer(minimum: i64) -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(minimum))
+}
