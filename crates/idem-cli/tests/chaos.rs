@@ -1,8 +1,11 @@
 //! The chaos run: two `idem serve` processes on one PostgreSQL cluster of the test's own, under
 //! a load of payment intents (each key sent as several concurrent copies, retried until it
 //! gets its `201`, some copies cut off mid-request on a raw socket, some sent again after their
-//! answer), while a seeded schedule kills the instances with SIGKILL and restarts them, and
-//! crashes PostgreSQL (`pg_ctl stop -m immediate`) and starts it again.
+//! answer), while a seeded schedule kills the instances with SIGKILL and restarts them,
+//! crashes PostgreSQL (`pg_ctl stop -m immediate`) and starts it again, and disturbs the
+//! network between the instances and PostgreSQL: each instance reaches the database through a
+//! fault relay of its own ([`idem_store::fault_relay`]) that the schedule switches to latency
+//! spikes, stalls, resets in the middle of a statement, or a black hole, for seconds at a time.
 //!
 //! Every attempt and every chaos event goes to a JSON-lines log (its path is printed first; the
 //! directory is kept when the run fails). Then a checker asserts, from the log and the
@@ -25,8 +28,10 @@
 //!   the interleaving, still differs between runs.
 //! - `IDEM_CHAOS_KEEP=1`: keep the log directory after a passing run too.
 //!
-//! The figures (requests, answers, cuts, kills, restarts, duplicates, lost acknowledgements)
-//! are printed at the end (`--nocapture` shows them).
+//! The figures (requests, answers, cuts, kills, restarts, duplicates, lost acknowledgements,
+//! and per kind of chaos: its steps, the requests sent during them and their answers) are
+//! printed at the end (`--nocapture` shows them), with the request rate: a run of N requests
+//! takes about N / rate seconds of `IDEM_CHAOS_SECS`.
 
 #[path = "common/processes.rs"]
 mod processes;
@@ -44,9 +49,11 @@ use futures_util::StreamExt;
 use futures_util::future::join_all;
 use idem_client::RetryPolicy;
 use idem_core::{Clock, SystemClock};
+use idem_store::fault_relay::{Direction, Fault, FaultRelay, LATENCY_MAX, RelayStats};
 use idem_store::{PgStore, Store};
 use processes::{Cluster, Serve};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use serde::Serialize;
@@ -73,10 +80,17 @@ const CUT_CHANCE: f64 = 0.3;
 /// the answer, or a user pressing "pay" twice): it must replay.
 const LATE_RETRY_CHANCE: f64 = 0.2;
 
-/// An attempt still unanswered after this counts as hung, a failure: every wait in the service
-/// is bounded well below it (lock wait 10 s, pool 5 s), and a killed process or database ends
-/// its connections at once.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest the service may take to answer while the network to its database works: every
+/// wait in it is bounded well below this (lock wait 10 s, pool 5 s), and a killed process or
+/// database ends its connections at once.
+const SERVICE_BOUND: Duration = Duration::from_secs(30);
+
+/// An attempt still unanswered after this counts as hung, a failure: the service's own bound,
+/// plus the longest a network fault can hold the attempt's statements (one fault at a time:
+/// its period, then at most one chunk still held each way by a latency spike).
+const ATTEMPT_TIMEOUT: Duration = SERVICE_BOUND
+    .saturating_add(MAX_NET_FAULT)
+    .saturating_add(LATENCY_MAX.saturating_mul(2));
 
 /// After the chaos ends, how long the copies still running may take to get their `201`.
 const SETTLE: Duration = Duration::from_secs(60);
@@ -215,6 +229,11 @@ struct Event {
     generation: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     port: Option<u16>,
+    /// A network fault's name, and which relays it is on (`0`, `1` or `both`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fault: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    relays: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -267,13 +286,30 @@ impl Journal {
     }
 
     fn event(&self, what: &'static str, instance: Option<(usize, u32, u16)>) {
-        let event = Event {
+        self.push_event(Event {
             what,
             ms: self.ms(Instant::now()),
             instance: instance.map(|i| i.0),
             generation: instance.map(|i| i.1),
             port: instance.map(|i| i.2),
-        };
+            fault: None,
+            relays: None,
+        });
+    }
+
+    fn net_event(&self, what: &'static str, fault: Fault, on: Relays) {
+        self.push_event(Event {
+            what,
+            ms: self.ms(Instant::now()),
+            instance: None,
+            generation: None,
+            port: None,
+            fault: Some(fault.name()),
+            relays: Some(on.name()),
+        });
+    }
+
+    fn push_event(&self, event: Event) {
         let mut inner = self.lock();
         let line = serde_json::to_string(&Line::Event(&event)).expect("serialise");
         writeln!(inner.out, "{line}").expect("write the chaos log");
@@ -608,16 +644,31 @@ struct Figures {
     kills: usize,
     instance_restarts: usize,
     pg_restarts: usize,
+    /// Every step, as the kind of chaos and the time it lasted, for the figures per kind.
+    windows: Vec<Window>,
+    /// What the relays did (connections, resets, delayed chunks), per relay.
+    relays: Vec<RelayStats>,
     /// Sessions seen idle in a transaction for longer than `LINGER_SECS` during the run.
     lingering: Vec<String>,
     /// Instances that exited without being killed, with their logs.
     died: Vec<String>,
 }
 
-/// The process side of the run: the cluster, the instances, the seeded schedule.
+/// One step of the schedule, from its start to its end, in milliseconds since the run began.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    kind: &'static str,
+    from_ms: f64,
+    to_ms: f64,
+}
+
+/// The process side of the run: the cluster, the instances, the relays between them and the
+/// cluster, the seeded schedule.
 struct Chaos<'a> {
     cluster: &'a Cluster,
     load: &'a Load,
+    /// Relay `i` carries every connection of instance slot `i` to PostgreSQL, across restarts.
+    relays: [FaultRelay; 2],
     instances: [Option<Serve>; 2],
     generations: [u32; 2],
     rng: StdRng,
@@ -637,13 +688,58 @@ enum Step {
     CrashPostgres,
     /// PostgreSQL crashes, and an instance is killed while it is down.
     CrashPostgresAndKill(usize),
+    /// A network fault between instances and PostgreSQL, for `period`.
+    Net(Fault, Relays, Duration),
 }
+
+/// Which relays a network fault is on.
+#[derive(Debug, Clone, Copy)]
+enum Relays {
+    One(usize),
+    Both,
+}
+
+impl Relays {
+    fn name(self) -> &'static str {
+        match self {
+            Relays::One(0) => "0",
+            Relays::One(_) => "1",
+            Relays::Both => "both",
+        }
+    }
+}
+
+impl Step {
+    /// The kind of chaos, as the figures count it.
+    fn kind(self) -> &'static str {
+        match self {
+            Step::KillOne(_) => "kill -9 one",
+            Step::KillBoth => "kill -9 both",
+            Step::CrashPostgres => "postgres crash",
+            Step::CrashPostgresAndKill(_) => "postgres crash and kill",
+            Step::Net(fault, ..) => match fault {
+                Fault::Stall(_) => "stall",
+                other => other.name(),
+            },
+        }
+    }
+}
+
+/// The longest a network fault lasts. An attempt caught by one waits at most this long for
+/// the network (then one held chunk each way), on top of the service's own bounded waits.
+const MAX_NET_FAULT: Duration = Duration::from_secs(5);
 
 impl<'a> Chaos<'a> {
     async fn start(cluster: &'a Cluster, load: &'a Load, seed: u64, dir: &'a Path) -> Self {
+        let relay = |n: u64| FaultRelay::start(cluster.addr(), sub_seed(seed, u32::MAX, n as u8));
+        let relays = [
+            relay(0).await.expect("a relay"),
+            relay(1).await.expect("a relay"),
+        ];
         let mut chaos = Self {
             cluster,
             load,
+            relays,
             instances: [None, None],
             generations: [0, 0],
             rng: StdRng::seed_from_u64(seed),
@@ -662,7 +758,8 @@ impl<'a> Chaos<'a> {
     }
 
     async fn start_instance(&mut self, slot: usize) {
-        let serve = Serve::start(&self.cluster.url).await;
+        let database = format!("postgres://postgres@{}/postgres", self.relays[slot].addr());
+        let serve = Serve::start(&database).await;
         let port = serve
             .url
             .rsplit(':')
@@ -725,16 +822,21 @@ impl<'a> Chaos<'a> {
 
     /// Runs the schedule until the chaos ends; leaves both instances and PostgreSQL up.
     async fn run(&mut self) {
-        // The first two steps are one kill and one crash, in a random order, so that even a
-        // short run has both; then steps at random.
+        // The first steps are one kill, one crash and one of each network fault, in a random
+        // order, so that even a short run has them all; then steps at random.
         let mut steps = vec![
             Step::KillOne(self.rng.random_range(0..2)),
             Step::CrashPostgres,
         ];
-        if self.rng.random_bool(0.5) {
-            steps.swap(0, 1);
+        for fault in [
+            Fault::Latency,
+            Fault::Stall(Direction::Both),
+            Fault::Reset,
+            Fault::BlackHole,
+        ] {
+            steps.push(self.net_step(Some(fault)));
         }
-        steps.reverse();
+        steps.shuffle(&mut self.rng);
         while Instant::now() < self.load.chaos_ends {
             let gap = Duration::from_millis(self.rng.random_range(1_000..4_000));
             self.watch_until(Instant::now() + gap).await;
@@ -744,20 +846,68 @@ impl<'a> Chaos<'a> {
             let step = steps.pop().unwrap_or_else(|| {
                 let slot = self.rng.random_range(0..2);
                 match self.rng.random_range(0..100) {
-                    0..45 => Step::KillOne(slot),
-                    45..55 => Step::KillBoth,
-                    55..85 => Step::CrashPostgres,
-                    _ => Step::CrashPostgresAndKill(slot),
+                    0..25 => Step::KillOne(slot),
+                    25..30 => Step::KillBoth,
+                    30..45 => Step::CrashPostgres,
+                    45..50 => Step::CrashPostgresAndKill(slot),
+                    _ => self.net_step(None),
                 }
             });
             self.check_alive();
+            let from_ms = self.load.journal.ms(Instant::now());
             self.step(step).await;
+            self.figures.windows.push(Window {
+                kind: step.kind(),
+                from_ms,
+                to_ms: self.load.journal.ms(Instant::now()),
+            });
         }
         self.check_alive();
     }
 
+    /// A network fault (`fault`, or one at random) on one relay or both, for a random period
+    /// of its kind: latency and black holes for seconds, stalls for up to a few, resets in
+    /// bursts under a second (every connection that sends meanwhile is reset once).
+    fn net_step(&mut self, fault: Option<Fault>) -> Step {
+        let direction = [Direction::ToTarget, Direction::ToClient, Direction::Both]
+            [self.rng.random_range(0..3)];
+        let fault = fault.unwrap_or_else(|| {
+            [
+                Fault::Latency,
+                Fault::Stall(direction),
+                Fault::Reset,
+                Fault::BlackHole,
+            ][self.rng.random_range(0..4)]
+        });
+        let max = MAX_NET_FAULT.as_millis() as u64;
+        let period = Duration::from_millis(match fault {
+            Fault::Latency | Fault::BlackHole => self.rng.random_range(1_000..=max),
+            Fault::Stall(_) => self.rng.random_range(500..=max.min(4_000)),
+            Fault::Reset => self.rng.random_range(100..=1_000),
+        });
+        let on = if self.rng.random_bool(0.3) {
+            Relays::Both
+        } else {
+            Relays::One(self.rng.random_range(0..2))
+        };
+        Step::Net(fault, on, period)
+    }
+
+    async fn net_fault(&mut self, fault: Fault, on: Relays, period: Duration) {
+        self.load.journal.net_event("net fault", fault, on);
+        match on {
+            Relays::One(slot) => self.relays[slot].inject(fault, period).await,
+            Relays::Both => {
+                let [first, second] = &self.relays;
+                tokio::join!(first.inject(fault, period), second.inject(fault, period));
+            }
+        }
+        self.load.journal.net_event("net fault cleared", fault, on);
+    }
+
     async fn step(&mut self, step: Step) {
         match step {
+            Step::Net(fault, on, period) => self.net_fault(fault, on, period).await,
             Step::KillOne(slot) => {
                 self.kill(slot);
                 tokio::time::sleep(self.down_time(1_500)).await;
@@ -848,6 +998,7 @@ impl<'a> Chaos<'a> {
     /// Stops the instances, keeping their logs; returns the figures.
     fn finish(mut self) -> Figures {
         self.check_alive();
+        self.figures.relays = self.relays.iter().map(FaultRelay::stats).collect();
         for slot in 0..2 {
             if let Some(serve) = self.instances[slot].take() {
                 self.save_log(slot, &serve);
@@ -869,6 +1020,33 @@ impl Findings {
     fn fail(&mut self, what: String) {
         self.failures.push(what);
     }
+}
+
+/// Per kind of chaos step: how many steps, how many attempts were sent during them, and their
+/// answers; and the same for the attempts sent between steps.
+fn per_kind(windows: &[Window], attempts: &[Attempt]) -> String {
+    let mut kinds: BTreeMap<&str, (usize, Vec<&Attempt>)> = BTreeMap::new();
+    for window in windows {
+        kinds.entry(window.kind).or_default().0 += 1;
+    }
+    for a in attempts.iter().filter(|a| a.via != Via::Cut) {
+        let during = windows
+            .iter()
+            .find(|w| (w.from_ms..=w.to_ms).contains(&a.sent_ms));
+        let kind = during.map_or("between steps", |w| w.kind);
+        kinds.entry(kind).or_default().1.push(a);
+    }
+    kinds
+        .iter()
+        .map(|(kind, (steps, sent))| {
+            format!(
+                "  {kind}: {steps} steps, {} requests, {:?}",
+                sent.len(),
+                tally(sent.iter().copied())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Answers by label, for the figures.
@@ -1236,6 +1414,7 @@ async fn chaos_run_keeps_one_payment_per_key_and_every_acknowledgement() {
         .filter(|a| a.status.is_none() && a.via != Via::Cut)
         .count();
     let events = load.journal.events();
+    let per_kind = per_kind(&figures.windows, &during);
     eprintln!(
         "chaos run figures (seed {}): {:?} of chaos, {:.1?} wall time, settled {settled_after:.1?} \
          after the chaos; {} keys, {} requests sent ({} during the run, {} final replays); \
@@ -1261,6 +1440,12 @@ async fn chaos_run_keeps_one_payment_per_key_and_every_acknowledgement() {
         findings.failures.len(),
         log_path.display(),
     );
+    eprintln!(
+        "chaos run per kind of chaos (requests sent during its steps, their answers):\n{per_kind}\n\
+         relays (connections, resets, delayed chunks): {:?}; {:.0} requests/s",
+        figures.relays,
+        during.len() as f64 / chaos_took.as_secs_f64(),
+    );
     assert!(
         findings.failures.is_empty(),
         "the chaos run failed ({} findings; log and instance logs kept in {}):\n{}",
@@ -1274,6 +1459,10 @@ async fn chaos_run_keeps_one_payment_per_key_and_every_acknowledgement() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+    let kinds: HashSet<&str> = figures.windows.iter().map(|w| w.kind).collect();
+    for kind in ["latency", "stall", "reset", "black hole"] {
+        assert!(kinds.contains(kind), "the run had no {kind}: {figures:?}");
+    }
     assert!(
         figures.kills > 0 && figures.pg_restarts > 0,
         "the run was too short for chaos: {figures:?}"

@@ -176,6 +176,11 @@ impl Cluster {
         run(self.pg_ctl().args(["-m", "immediate", "-w", "stop"]));
     }
 
+    /// Where the server listens (what a relay in front of it connects to).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     /// What the server logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
