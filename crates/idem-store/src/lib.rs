@@ -54,6 +54,8 @@ mod sqlite;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "conformance")]
+pub mod fault_relay;
 #[cfg(all(feature = "conformance", feature = "postgres"))]
 pub mod testing;
 

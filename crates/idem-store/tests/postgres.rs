@@ -8,6 +8,7 @@ use idem_core::{
     AccountId, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
     RequestParts, Scope, StoredResponse, Timestamp, decide,
 };
+use idem_store::fault_relay::FaultRelay;
 use idem_store::testing::{PgTestDatabase, with_database};
 use idem_store::{
     ClaimOutcome, Error, NewClaim, PgStore, Store, TransactionalStore, TxClaim, admin_conformance,
@@ -540,45 +541,13 @@ async fn unreachable_database_is_unavailable() {
     }
 }
 
-/// A TCP forwarder to the database, so a test can cut the store off from it.
-struct Forwarder {
-    port: u16,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Forwarder {
-    async fn start(upstream: (String, u16)) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (stop, mut stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    accepted = listener.accept() => {
-                        let (mut client, _) = accepted.unwrap();
-                        let upstream = upstream.clone();
-                        connections.spawn(async move {
-                            let mut server = tokio::net::TcpStream::connect(upstream).await.unwrap();
-                            // sqlx's tokio runtime brings tokio's io-util.
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        });
-                    }
-                }
-            }
-            // Every forwarded connection ends here, and the listener with this task.
-            connections.shutdown().await;
-        });
-        Self { port, stop, task }
-    }
-
-    /// Cuts every connection and closes the port; returns once both are done.
-    async fn cut(self) {
-        self.stop.send(()).unwrap();
-        self.task.await.unwrap();
-    }
+/// The relay's target: `host:port` resolved (the URL may say `localhost`).
+async fn resolved(host: &str, port: u16) -> std::net::SocketAddr {
+    tokio::net::lookup_host((host, port))
+        .await
+        .unwrap()
+        .next()
+        .expect("the host resolves")
 }
 
 /// A store whose database goes away after it connected reports `Unavailable` (so `503`), in
@@ -588,11 +557,12 @@ impl Forwarder {
 async fn database_lost_after_connect_is_unavailable() {
     let db = PgTestDatabase::create().await;
     let direct: PgConnectOptions = db.url().parse().unwrap();
-    let proxy = Forwarder::start((direct.get_host().to_owned(), direct.get_port())).await;
+    let target = resolved(direct.get_host(), direct.get_port()).await;
+    let proxy = FaultRelay::start(target, 0).await.unwrap();
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_millis(500))
-        .connect_with(direct.host("127.0.0.1").port(proxy.port))
+        .connect_with(direct.host("127.0.0.1").port(proxy.addr().port()))
         .await
         .unwrap();
     let store = PgStore::from_pool(pool).await.unwrap();

@@ -10,9 +10,9 @@ use idem_core::{
     AccountId, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
     RequestParts, Scope, StoredResponse, Timestamp,
 };
+use idem_store::fault_relay::FaultRelay;
 use idem_store::{ClaimOutcome, Error, NewClaim, RedisStore, Store, store_conformance};
 use redis::Commands as _;
-use tokio::net::{TcpListener, TcpStream};
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
 
@@ -184,44 +184,13 @@ async fn unreachable_server_is_unavailable() {
     }
 }
 
-/// A TCP forwarder to the server, so a test can cut the store off from it.
-struct Forwarder {
-    port: u16,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Forwarder {
-    async fn start(upstream: (String, u16)) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (stop, mut stopped) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    accepted = listener.accept() => {
-                        let (mut client, _) = accepted.unwrap();
-                        let upstream = upstream.clone();
-                        connections.spawn(async move {
-                            let mut server = TcpStream::connect(upstream).await.unwrap();
-                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                        });
-                    }
-                }
-            }
-            // Every forwarded connection ends here, and the listener with this task.
-            connections.shutdown().await;
-        });
-        Self { port, stop, task }
-    }
-
-    /// Cuts every connection and closes the port; returns once both are done.
-    async fn cut(self) {
-        self.stop.send(()).unwrap();
-        self.task.await.unwrap();
-    }
+/// The relay's target: `host:port` resolved (the URL may say `localhost`).
+async fn resolved(host: &str, port: u16) -> std::net::SocketAddr {
+    tokio::net::lookup_host((host, port))
+        .await
+        .unwrap()
+        .next()
+        .expect("the host resolves")
 }
 
 /// A store whose server goes away after it connected reports `Unavailable` (so `503`) for
@@ -234,9 +203,11 @@ async fn server_lost_after_connect_is_unavailable() {
     let redis::ConnectionAddr::Tcp(host, port) = client.get_connection_info().addr() else {
         panic!("the test server must be reached over plain TCP")
     };
-    let proxy = Forwarder::start((host.clone(), *port)).await;
+    let proxy = FaultRelay::start(resolved(host, *port).await, 0)
+        .await
+        .unwrap();
     let store = RedisStore::connect(
-        &format!("redis://127.0.0.1:{}/0", proxy.port),
+        &format!("redis://127.0.0.1:{}/0", proxy.addr().port()),
         prefix.prefix.clone(),
     )
     .await

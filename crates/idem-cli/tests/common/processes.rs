@@ -115,6 +115,106 @@ impl Drop for Serve {
     }
 }
 
+/// A running `idem proxy` process; dropping it kills the process.
+pub struct Proxy {
+    /// `http://127.0.0.1:PORT`, as the process announced it.
+    pub url: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proxy {
+    /// Starts `idem proxy --listen 127.0.0.1:0 --upstream UPSTREAM` with `args` (the store,
+    /// the secret…) from `dir`, reads the line that says where it listens, and waits until
+    /// its `/healthz` says the store answers. Its stderr goes to `log`.
+    pub async fn start(dir: &Path, upstream: &str, args: &[&str], log: PathBuf) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(File::create(&log).expect("create the log file"))
+            .spawn()
+            .expect("spawn idem proxy");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut proxy = Self {
+            url: String::new(),
+            child,
+            log,
+        };
+        proxy.url = announced_url(stdout, "idem proxy", || proxy_log(&proxy.log)).await;
+        // The listener is bound, so this request waits in its backlog until the proxy runs.
+        let health = reqwest::Client::new()
+            .get(format!("{}/healthz", proxy.url))
+            .timeout(START_TIMEOUT)
+            .send()
+            .await
+            .map(|r| r.status());
+        assert!(
+            matches!(health, Ok(s) if s.is_success()),
+            "idem proxy is not healthy: {health:?}; its log:\n{}",
+            proxy.log()
+        );
+        proxy
+    }
+
+    /// Kills the process with SIGKILL, as `kill -9` does.
+    pub fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL idem proxy");
+        self.child.wait().expect("reap idem proxy");
+    }
+
+    /// Whether the process is still running (it was neither killed nor crashed).
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("poll idem proxy").is_none()
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn log(&self) -> String {
+        proxy_log(&self.log)
+    }
+}
+
+fn proxy_log(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `http://…` address in the first line a child prints, read on a thread of its own
+/// (which then reads the pipe to its end: once it closed, the child's next println would
+/// panic). `log` is shown if the line never comes.
+async fn announced_url(
+    stdout: std::process::ChildStdout,
+    what: &str,
+    log: impl FnOnce() -> String,
+) -> String {
+    let (first_line, announced) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(first)) = lines.next() {
+            let _ = first_line.send(first);
+        }
+        lines.for_each(drop);
+    });
+    let first = match tokio::time::timeout(START_TIMEOUT, announced).await {
+        Ok(Ok(line)) => line,
+        _ => panic!("{what} did not say where it listens; its log:\n{}", log()),
+    };
+    first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_owned()
+}
+
 /// A PostgreSQL cluster of the test's own, in a temporary directory on a free port, so it can
 /// be crashed without touching the shared server. Dropping it stops it and deletes it.
 pub struct Cluster {
@@ -174,6 +274,11 @@ impl Cluster {
     /// checkpoint, as in a crash; the next start runs crash recovery.
     pub fn crash(&self) {
         run(self.pg_ctl().args(["-m", "immediate", "-w", "stop"]));
+    }
+
+    /// Where the server listens (what a relay in front of it connects to).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
     /// What the server logged so far.
