@@ -74,7 +74,7 @@ start_server() {
 }
 
 checks=not_a_server_error,status_code_conformance,content_type_conformance
-checks+=,response_headers_conformance,response_schema_conformance
+checks+=,response_headers_conformance,response_schema_conformance,unsupported_method
 
 # run_schemathesis NAME: the whole suite against $base_url.
 run_schemathesis() {

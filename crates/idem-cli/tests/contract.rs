@@ -44,6 +44,37 @@ async fn uncovered_methods_pass_through_untouched_key_or_not() {
 }
 
 #[tokio::test]
+async fn a_method_the_route_does_not_have_is_405_before_any_key_rule() {
+    let server = TestServer::start().await;
+    // PATCH is a covered method, so only the routing decides: no key, a malformed key and a
+    // valid key all get the route's 405 and its Allow, never a 400.
+    let routes = [
+        ("/payments", "POST,GET,HEAD"),
+        ("/payments/pay_1", "GET,HEAD"),
+        ("/invoices", "POST"),
+        ("/payouts", "POST"),
+    ];
+    for (path, allow) in routes {
+        for key in [None, Some("bad key"), Some("patch-key-00001")] {
+            let mut patch = server
+                .client
+                .patch(format!("{}{path}", server.url))
+                .bearer_auth(ALICE)
+                .header("content-type", "application/json")
+                .body(BODY);
+            if let Some(key) = key {
+                patch = patch.header("idempotency-key", key);
+            }
+            let answer = send(patch).await;
+            assert_eq!(answer.status, 405, "PATCH {path} with key {key:?}");
+            assert_eq!(answer.headers["allow"], allow, "PATCH {path}");
+        }
+    }
+    assert_eq!(server.keys().await, 0, "nothing was claimed");
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn a_missing_key_is_400_and_nothing_is_stored() {
     let server = TestServer::start().await;
     let answer = send(server.post(ALICE, None, BODY)).await;

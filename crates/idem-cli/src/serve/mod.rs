@@ -409,17 +409,25 @@ impl<B: Backend> App<B> {
             leased = leased.without_replay_read();
         }
         let tokens = Arc::new(config.tokens.clone());
+        // Each layer wraps the methods it guards and nothing else, so a method a route does
+        // not have is answered 405 before any key rule (route_layer leaves the 405 fallback
+        // outside it); GET passes through untouched anyway.
         let transactional = Router::new()
             .route(
                 "/payments",
-                axum::routing::post(payments::create::<B>).get(payments::list::<B>),
+                axum::routing::post(payments::create::<B>)
+                    .route_layer(idempotency.clone())
+                    .get(payments::list::<B>),
             )
             .route("/payments/{id}", get(payments::show::<B>))
-            .route("/invoices", axum::routing::post(invoices::create::<B>))
-            .layer(idempotency);
-        let leased = Router::new()
-            .route("/payouts", axum::routing::post(payouts::create::<B>))
-            .layer(leased);
+            .route(
+                "/invoices",
+                axum::routing::post(invoices::create::<B>).route_layer(idempotency),
+            );
+        let leased = Router::new().route(
+            "/payouts",
+            axum::routing::post(payouts::create::<B>).route_layer(leased),
+        );
         // The layers cover POST and PATCH; authentication runs before them, so the account is
         // known when the key is scoped.
         let api = transactional

@@ -358,14 +358,14 @@ fn build(policy: &Policy) -> OpenApi {
                         ),
                         (
                             "502",
-                            retry_later(
+                            retry_required(
                                 "The provider could not be reached (nothing was sent), or it failed and the payout may have happened.",
                                 &["UpstreamUnavailableProblem", "OutcomeUnknownProblem"],
                             ),
                         ),
                         (
                             "504",
-                            retry_later(
+                            retry_required(
                                 "The provider did not answer: the payout may have happened; it is reconciled with the provider.",
                                 &["OutcomeUnknownProblem"],
                             ),
@@ -529,15 +529,6 @@ fn unauthorized() -> ResponseBuilder {
 /// A problem answer that always carries `Retry-After`.
 fn retry_required(description: &str, schemas: &[&str]) -> utoipa::openapi::Response {
     problem_response(description, schemas, true).build()
-}
-
-/// A problem answer that may carry `Retry-After`.
-fn retry_later(description: &str, schemas: &[&str]) -> utoipa::openapi::Response {
-    ResponseBuilder::new()
-        .description(description)
-        .content(PROBLEM_JSON, problem_content(schemas))
-        .header("Retry-After", retry_after(false))
-        .build()
 }
 
 fn problem_response(description: &str, schemas: &[&str], retry: bool) -> ResponseBuilder {
