@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 secs="${1:-60}"
-targets=(key_parser canonical_json fingerprint layer_request)
+targets=(key_parser canonical_json fingerprint layer_request server_head)
 
 export RUSTC_BOOTSTRAP=1
 target_dir="${IDEM_FUZZ_TARGET_DIR:-$HOME/.cache/idem-fuzz-target}"
@@ -35,7 +35,7 @@ scratch_root=/dev/shm
 scratch="$(mktemp -d "$scratch_root/idem-fuzz.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT
 
-declare -A dict=([canonical_json]=json [fingerprint]=json [layer_request]=http)
+declare -A dict=([canonical_json]=json [fingerprint]=json [layer_request]=http [server_head]=http)
 summary=()
 failed=0
 for t in "${targets[@]}"; do

@@ -13,6 +13,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 
 /// How long a client may take to send a request head.
@@ -29,12 +30,6 @@ pub async fn serve(
     head_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // HTTP/1.1 only: the clients of a payments API speak it, and HTTP/2 detection would wait
-    // for a preface before any head deadline applies.
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(head_timeout);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -51,10 +46,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        // No upgrades: nothing here speaks WebSocket.
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let connection = graceful.watch(connection);
+        let connection = graceful.watch(connection(stream, router.clone(), head_timeout));
         tokio::spawn(async move {
             // A client that goes away or times out ends its connection; nothing to report.
             let _ = connection.await;
@@ -67,4 +59,25 @@ pub async fn serve(
         tracing::warn!("connections still open after {DRAIN:?}; closing them");
     }
     Ok(())
+}
+
+/// One client connection of the server loop: `router` on hyper's HTTP/1, closed when a request
+/// head does not arrive within `head_timeout`. Public so the fuzzer can feed it bytes from
+/// memory through exactly what a socket's bytes go through.
+pub fn connection<I>(
+    io: I,
+    router: Router,
+    head_timeout: Duration,
+) -> http1::Connection<TokioIo<I>, TowerToHyperService<Router>>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    // HTTP/1.1 only: the clients of a payments API speak it, and HTTP/2 detection would wait
+    // for a preface before any head deadline applies. No upgrades: nothing here speaks
+    // WebSocket.
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(head_timeout);
+    builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
 }

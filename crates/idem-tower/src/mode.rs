@@ -397,7 +397,10 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                 Ok(true)
             }
         };
+        // Waiters look again once there is something new to see (a later try of a failed
+        // store wakes them itself).
         if outcome != Outcome::Unknown
+            && matches!(stored_ok, Ok(true))
             && let Some((_, signal)) = &wait
         {
             signal.wake(&label);
@@ -407,6 +410,14 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             Ok(false) => {
                 tracing::warn!(key = %claim.scope.log_label(), "outcome not stored: the claim was taken over")
             }
+            // The work happened and the client gets its answer; left in progress, the record
+            // would be taken over (the work run again) or reconciled once its lease runs out.
+            // Keep trying to store it while the claim still holds.
+            Err(e) if outcome == Outcome::Store => {
+                tracing::warn!(error = %ErrorChain(&e), key = %label, "storing the outcome failed; retrying while the claim holds");
+                let signal = wait.map(|(_, signal)| signal);
+                tokio::spawn(store_outcome_later(store, claim, stored, signal));
+            }
             Err(e) => tracing::error!(error = %ErrorChain(&e), "storing the outcome failed"),
         }
         count(match outcome {
@@ -414,6 +425,41 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             _ => "not_stored",
         });
         Ok(response)
+    }
+}
+
+/// Retries storing a completed outcome whose first attempt failed (the store was unreachable),
+/// with doubling pauses, until it is stored, the claim is lost, or the lease (renewed for the
+/// last time when the work ended) is about to run out.
+async fn store_outcome_later<St: Store>(
+    store: St,
+    claim: Claim,
+    stored: idem_core::StoredResponse,
+    signal: Option<OutcomeSignal>,
+) {
+    let label = claim.scope.log_label();
+    let give_up = tokio::time::Instant::now() + claim.policy.lease;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(pause).await;
+        match store.complete(&claim.scope, claim.token, &stored).await {
+            Ok(true) => {
+                tracing::info!(key = %label, "stored the outcome on a later try");
+                if let Some(signal) = &signal {
+                    signal.wake(&label);
+                }
+                return;
+            }
+            Ok(false) => {
+                tracing::warn!(key = %label, "outcome not stored: the claim was taken over");
+                return;
+            }
+            Err(e) if tokio::time::Instant::now() + pause >= give_up => {
+                tracing::error!(error = %ErrorChain(&e), key = %label, "giving up storing the outcome; the record stays in progress");
+                return;
+            }
+            Err(_) => pause = (pause * 2).min(Duration::from_secs(2)),
+        }
     }
 }
 

@@ -12,7 +12,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use idem_core::{
-    Clock, FencingToken, ManualClock, Policy, Record, Scope, StoredResponse, Timestamp,
+    AccountId, Clock, FencingToken, IdempotencyKey, KeyLimits, ManualClock, Policy, Record, Scope,
+    StoredResponse, Timestamp,
 };
 use idem_store::{ClaimOutcome, NewClaim, SqliteStore, SqliteTx, TxClaim};
 use idem_tower::{IdempotencyLayer, Outcome, Tx};
@@ -774,6 +775,106 @@ impl idem_store::TransactionalStore for CountingReads {
     async fn rollback(&self, tx: SqliteTx) -> idem_store::Result<()> {
         self.inner.rollback(tx).await
     }
+}
+
+/// SQLite's store whose first `complete` fails as an unreachable store's would.
+#[derive(Clone, Debug)]
+struct FirstCompleteFails {
+    inner: SqliteStore,
+    failed: Arc<AtomicUsize>,
+}
+
+impl idem_store::Store for FirstCompleteFails {
+    async fn get(&self, scope: &Scope) -> idem_store::Result<Option<Record>> {
+        self.inner.get(scope).await
+    }
+    async fn claim(&self, claim: &NewClaim) -> idem_store::Result<ClaimOutcome> {
+        self.inner.claim(claim).await
+    }
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> idem_store::Result<bool> {
+        if self.failed.fetch_add(1, Ordering::SeqCst) == 0 {
+            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+            return Err(idem_store::Error::Unavailable(Box::new(refused)));
+        }
+        self.inner.complete(scope, token, response).await
+    }
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> idem_store::Result<bool> {
+        self.inner.renew(scope, token, lease_until).await
+    }
+    async fn release(&self, scope: &Scope, token: FencingToken) -> idem_store::Result<bool> {
+        self.inner.release(scope, token).await
+    }
+    async fn sweep(&self, now: Timestamp, batch: u32) -> idem_store::Result<u64> {
+        self.inner.sweep(now, batch).await
+    }
+}
+
+#[tokio::test]
+async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FirstCompleteFails {
+        inner: SqliteStore::open(dir.path().join("t.db")).await.unwrap(),
+        failed: Arc::new(AtomicUsize::new(0)),
+    };
+    let handler = Handler::new();
+    let signal = idem_tower::OutcomeSignal::default();
+    let router = Router::new()
+        .route("/work", post(lease_handler))
+        .layer(
+            IdempotencyLayer::leased(store.clone())
+                .with_outcome_wait(Duration::from_secs(5), signal.clone()),
+        )
+        .with_state(handler.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/work", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let key = "late-store-key1";
+    let scope = Scope::new(
+        AccountId::new("anonymous"),
+        IdempotencyKey::parse(key.as_bytes(), KeyLimits::default()).unwrap(),
+    );
+    let send = || {
+        reqwest::Client::new()
+            .post(&url)
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(r#"{"status": 201}"#)
+            .send()
+    };
+    // Listen before the request, so the later store's wake-up cannot be missed.
+    let stored_later = signal.listen(&scope.log_label());
+    let first = send().await.unwrap();
+    assert_eq!(
+        first.status(),
+        201,
+        "the work happened: the client is told so"
+    );
+    let first_body = first.bytes().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), stored_later)
+        .await
+        .expect("the outcome was stored on a later try");
+    assert!(matches!(
+        idem_store::Store::get(&store.inner, &scope)
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        idem_core::RecordState::Completed(_)
+    ));
+    let replay = send().await.unwrap();
+    assert!(replayed(replay.headers()));
+    assert_eq!(replay.bytes().await.unwrap(), first_body);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "never run again");
 }
 
 #[tokio::test]
