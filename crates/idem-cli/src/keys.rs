@@ -11,13 +11,14 @@ use idem_core::{
 };
 use idem_store::{AdminStore, PgStore, RecordFilter, SqliteStore};
 
-use crate::serve::redact;
+use crate::store_url::{StoreUrl, redact};
 
 /// `idem keys` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct KeysArgs {
-    /// The database `idem serve` uses: `sqlite://PATH` or `postgres://…`.
-    #[arg(long, default_value = "sqlite://idem.db")]
+    /// The database `idem serve` uses: `sqlite://PATH` or `postgres://…`. Before or after
+    /// the subcommand.
+    #[arg(long, global = true, default_value = "sqlite://idem.db")]
     pub database: String,
     /// What to do.
     #[command(subcommand)]
@@ -76,19 +77,30 @@ pub enum KeysAction {
 
 /// Runs `idem keys`.
 pub async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
-    let url = args.database.as_str();
-    if url.starts_with("sqlite:") {
-        let store = SqliteStore::connect(url)
-            .await
-            .with_context(|| format!("cannot open {url}"))?;
-        act(&store, args.action).await
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let store = PgStore::connect(url)
-            .await
-            .with_context(|| format!("cannot open {}", redact(url)))?;
-        act(&store, args.action).await
-    } else {
-        anyhow::bail!("unsupported database URL {:?}", redact(url))
+    let url = StoreUrl::parse_database(&args.database)?;
+    // Opening a file that is not there would create an empty database and list no keys: a
+    // wrong directory would pass for "nothing stuck".
+    if let Some(file) = url.sqlite_file() {
+        anyhow::ensure!(
+            file.exists(),
+            "no database at {} (idem serve creates it on first start); give --database sqlite://PATH",
+            file.display()
+        );
+    }
+    match url {
+        StoreUrl::Sqlite(url) => {
+            let store = SqliteStore::connect(&url)
+                .await
+                .with_context(|| format!("cannot open {url}"))?;
+            act(&store, args.action).await
+        }
+        StoreUrl::Postgres(url) => {
+            let store = PgStore::connect(&url)
+                .await
+                .with_context(|| format!("cannot open {}", redact(&url)))?;
+            act(&store, args.action).await
+        }
+        StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
     }
 }
 
@@ -97,7 +109,8 @@ fn scope(account: &str, key: &str) -> anyhow::Result<Scope> {
         min_len: 1,
         max_len: usize::MAX,
     };
-    let key = IdempotencyKey::new(key, limits).context("not a valid key")?;
+    // Either form the API accepts: `order-1042` or the sf-string `"order-1042"`.
+    let key = IdempotencyKey::parse(key.as_bytes(), limits).context("not a valid key")?;
     Ok(Scope::new(AccountId::new(account), key))
 }
 
@@ -122,21 +135,27 @@ async fn act<S: AdminStore>(store: &S, action: KeysAction) -> anyhow::Result<Exi
             };
             let records = store.list(&filter).await?;
             println!(
-                "{:<20} {:<36} {:<12} {:>8} {:<14} {:<16} OUTCOME",
+                "{:<20} {:<KEY_COLUMN$} {:<12} {:>8} {:<14} {:<16} OUTCOME",
                 "ACCOUNT", "KEY", "STATE", "AGE", "LEASE", "FINGERPRINT"
             );
             for record in &records {
                 let (state, lease, outcome) = describe(record, now);
+                // A key longer than its column (up to 255 characters) wraps onto lines of its
+                // own below, so the other columns stay aligned.
+                let mut key = wrapped(record.scope.key.as_str(), KEY_COLUMN);
                 println!(
-                    "{:<20} {:<36} {:<12} {:>8} {:<14} {:<16} {}",
+                    "{:<20} {:<KEY_COLUMN$} {:<12} {:>8} {:<14} {:<16} {}",
                     record.scope.account.as_str(),
-                    record.scope.key.as_str(),
+                    key.next().unwrap_or_default(),
                     state,
                     age(record.created_at, now),
                     lease,
                     &record.fingerprint.to_string()[..16],
                     outcome
                 );
+                for rest in key {
+                    println!("{:<20} {rest}", "");
+                }
             }
             println!("{} keys", records.len());
             Ok(ExitCode::SUCCESS)
@@ -212,6 +231,16 @@ async fn act<S: AdminStore>(store: &S, action: KeysAction) -> anyhow::Result<Exi
             }
         }
     }
+}
+
+/// The width of `idem keys list`'s KEY column.
+const KEY_COLUMN: usize = 36;
+
+/// `key` in pieces of at most `width` characters (keys are visible ASCII, one byte each).
+fn wrapped(key: &str, width: usize) -> impl Iterator<Item = &str> {
+    key.as_bytes()
+        .chunks(width)
+        .map(|piece| std::str::from_utf8(piece).expect("keys are ASCII"))
 }
 
 fn describe(record: &Record, now: Timestamp) -> (&'static str, String, String) {

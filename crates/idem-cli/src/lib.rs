@@ -22,6 +22,7 @@ pub mod keys;
 pub mod proxy;
 pub mod serve;
 pub mod simulate;
+pub mod store_url;
 pub mod worker;
 
 /// idem: safe retries for payment and order APIs.

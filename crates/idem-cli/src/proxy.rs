@@ -11,7 +11,8 @@ use idem_gateway::{GatewayConfig, KeyForwarding, Secret, UnknownOutcome};
 use idem_store::{PgStore, RedisStore, SqliteStore, Store};
 use tokio::net::TcpListener;
 
-use crate::serve::{redact, shutdown_signal};
+use crate::serve::shutdown_signal;
+use crate::store_url::{StoreUrl, redact};
 
 /// `idem proxy` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -120,27 +121,25 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         args.upstream,
         redact(&args.store)
     );
-    let url = args.store.as_str();
-    if url.starts_with("sqlite:") {
-        let store = SqliteStore::connect(url)
-            .await
-            .with_context(|| format!("cannot open the store {url}"))?;
-        run_on(listener, admin, store, config).await
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let store = PgStore::connect(url)
-            .await
-            .with_context(|| format!("cannot open the store {}", redact(url)))?;
-        run_on(listener, admin, store, config).await
-    } else if url.starts_with("redis:") || url.starts_with("rediss:") {
-        let store = RedisStore::connect(url, args.redis_prefix.clone())
-            .await
-            .with_context(|| format!("cannot open the store {}", redact(url)))?;
-        run_on(listener, admin, store, config).await
-    } else {
-        anyhow::bail!(
-            "unsupported store URL {:?}: expected sqlite://PATH, postgres://… or redis://…",
-            redact(url)
-        )
+    match StoreUrl::parse(&args.store)? {
+        StoreUrl::Sqlite(url) => {
+            let store = SqliteStore::connect(&url)
+                .await
+                .with_context(|| format!("cannot open the store {url}"))?;
+            run_on(listener, admin, store, config).await
+        }
+        StoreUrl::Postgres(url) => {
+            let store = PgStore::connect(&url)
+                .await
+                .with_context(|| format!("cannot open the store {}", redact(&url)))?;
+            run_on(listener, admin, store, config).await
+        }
+        StoreUrl::Redis(url) => {
+            let store = RedisStore::connect(&url, args.redis_prefix.clone())
+                .await
+                .with_context(|| format!("cannot open the store {}", redact(&url)))?;
+            run_on(listener, admin, store, config).await
+        }
     }
 }
 

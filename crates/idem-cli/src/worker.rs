@@ -68,18 +68,14 @@ pub struct WorkerArgs {
 
 /// Runs `idem worker` until Ctrl-C or SIGTERM.
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
-    let url = args.database.as_str();
-    if url.starts_with("sqlite:") {
-        let store = SqliteStore::open_service(url).await?;
-        work(store, &args).await
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let store = PgStore::open_service(url).await?;
-        work(store, &args).await
-    } else {
-        anyhow::bail!(
-            "unsupported database URL {:?}: expected sqlite://PATH or postgres://…",
-            redact(url)
-        )
+    match crate::store_url::StoreUrl::parse_database(&args.database)? {
+        crate::store_url::StoreUrl::Sqlite(url) => {
+            work(SqliteStore::open_service(&url).await?, &args).await
+        }
+        crate::store_url::StoreUrl::Postgres(url) => {
+            work(PgStore::open_service(&url).await?, &args).await
+        }
+        crate::store_url::StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
     }
 }
 

@@ -561,3 +561,68 @@ async fn a_duplicate_on_another_instance_waits_for_the_outcome_woken_by_notify()
     );
     assert_eq!(psp.charges().await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idem_keys_refuses_a_missing_database_takes_both_key_forms_and_wraps_long_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let (_psp, psp_url) = start_psp().await;
+    let served = Served::start(&db, &psp_url, &[]);
+    let long_key = format!("long-{}", "k".repeat(90));
+    for key in ["order-1042-pay", long_key.as_str()] {
+        assert_eq!(send(payout(&served.url, key)).await.status, 201);
+    }
+    drop(served);
+    let idem = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .arg("keys")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let database = format!("sqlite://{}", db.display());
+
+    // A wrong path is an error, not an empty database with "0 keys".
+    let missing = format!("sqlite://{}", dir.path().join("elsewhere.db").display());
+    let (code, _, stderr) = idem(&["--database", &missing, "list"]);
+    assert_eq!(code, Some(2), "an error: {stderr}");
+    assert!(stderr.contains("no database at"), "{stderr}");
+    assert!(
+        !dir.path().join("elsewhere.db").exists(),
+        "nothing was created"
+    );
+
+    // --database after the subcommand; the quoted form names the same key.
+    let (code, shown, stderr) = idem(&[
+        "show",
+        "acct_alice",
+        "\"order-1042-pay\"",
+        "--database",
+        &database,
+    ]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(shown.contains("key          order-1042-pay"), "{shown}");
+
+    // A long key wraps under its column; every line of the table stays aligned.
+    let (code, list, _) = idem(&["list", "--database", &database]);
+    assert_eq!(code, Some(0));
+    let lines: Vec<&str> = list.lines().collect();
+    let row = lines
+        .iter()
+        .position(|line| line.contains(&long_key[..36]))
+        .unwrap_or_else(|| panic!("{list}"));
+    assert!(lines[row].contains("completed"), "{list}");
+    let column = lines[0].find("KEY").unwrap();
+    let rest: String = lines[row + 1..]
+        .iter()
+        .take_while(|line| line[..column].trim().is_empty())
+        .map(|line| line[column..].trim())
+        .collect();
+    assert_eq!(format!("{}{rest}", &long_key[..36]), long_key, "{list}");
+    assert!(list.contains("2 keys"), "{list}");
+}

@@ -16,6 +16,7 @@ use idem_core::{AccountId, Clock, Policy, SystemClock};
 use idem_store::{PgStore, SqliteStore, sweep_all};
 
 use self::backend::Backend;
+use crate::store_url::StoreUrl;
 use idem_tower::IdempotencyLayer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
@@ -226,18 +227,16 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let url = config.database.as_str();
-    if url.starts_with("sqlite:") {
-        let store = SqliteStore::open_service(url).await?;
-        serve_on(store, listener, &config, shutdown).await
-    } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
-        let store = PgStore::open_service(url).await?;
-        serve_on(store, listener, &config, shutdown).await
-    } else {
-        anyhow::bail!(
-            "unsupported database URL {:?}: expected sqlite://PATH or postgres://…",
-            backend::redact(url)
-        )
+    match crate::store_url::StoreUrl::parse_database(&config.database)? {
+        StoreUrl::Sqlite(url) => {
+            let store = SqliteStore::open_service(&url).await?;
+            serve_on(store, listener, &config, shutdown).await
+        }
+        StoreUrl::Postgres(url) => {
+            let store = PgStore::open_service(&url).await?;
+            serve_on(store, listener, &config, shutdown).await
+        }
+        StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
     }
 }
 
