@@ -1,5 +1,7 @@
 //! The problem types of docs/contract.md §2, each with a stable `type` URI (RFC 9457).
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
 /// Every way the contract can refuse or defer a request.
@@ -85,22 +87,24 @@ impl ProblemKind {
     /// A problem-details document for this kind with `detail`.
     pub fn with_detail(self, detail: impl Into<String>) -> Problem {
         Problem {
-            kind: self.type_uri(),
-            title: self.title(),
+            kind: Cow::Borrowed(self.type_uri()),
+            title: Cow::Borrowed(self.title()),
             status: self.status(),
             detail: detail.into(),
         }
     }
 }
 
-/// An RFC 9457 problem-details document.
+/// An RFC 9457 problem-details document: the one body every problem idem answers has, its
+/// members always in this order (`type`, `title`, `status`, `detail`), whichever part of idem
+/// (the layer, the gateway, `idem serve`) answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Problem {
     /// The problem type URI.
     #[serde(rename = "type")]
-    pub kind: &'static str,
+    pub kind: Cow<'static, str>,
     /// Its summary.
-    pub title: &'static str,
+    pub title: Cow<'static, str>,
     /// The HTTP status.
     pub status: u16,
     /// What happened this time.
@@ -108,8 +112,41 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// A problem of a service's own (`urn:idem:problem:` + `name`), beside the contract's
+    /// [`ProblemKind`]s: `idem serve`'s validation errors and declines, the gateway's `401`.
+    pub fn other(
+        name: &str,
+        title: impl Into<Cow<'static, str>>,
+        status: u16,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            kind: Cow::Owned(format!("urn:idem:problem:{name}")),
+            title: title.into(),
+            status,
+            detail: detail.into(),
+        }
+    }
+
     /// The JSON body (`application/problem+json`).
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a Problem always serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_problem_body_has_its_members_in_one_order() {
+        let ours = ProblemKind::Mismatch.with_detail("d").to_json();
+        let theirs = Problem::other("card-declined", "Declined", 402, "d").to_json();
+        for body in [ours, theirs] {
+            let text = String::from_utf8(body).unwrap();
+            let at = |member: &str| text.find(&format!("\"{member}\":")).unwrap();
+            assert!(at("type") < at("title") && at("title") < at("status"), "{text}");
+            assert!(at("status") < at("detail"), "{text}");
+        }
     }
 }

@@ -203,13 +203,13 @@ async fn require_credential(
 
 fn serde_problem(status: StatusCode, detail: &str) -> Body {
     Body::from(
-        serde_json::json!({
-            "type": "urn:idem:problem:unauthorized",
-            "title": "Authentication required",
-            "status": status.as_u16(),
-            "detail": detail,
-        })
-        .to_string(),
+        idem_core::Problem::other(
+            "unauthorized",
+            "Authentication required",
+            status.as_u16(),
+            detail,
+        )
+        .to_json(),
     )
 }
 

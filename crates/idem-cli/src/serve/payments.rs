@@ -17,12 +17,7 @@ pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str)
     (
         status,
         [(header::CONTENT_TYPE, "application/problem+json")],
-        Json(serde_json::json!({
-            "type": format!("urn:idem:problem:{kind}"),
-            "title": title,
-            "status": status.as_u16(),
-            "detail": detail,
-        })),
+        idem_core::Problem::other(kind, title.to_owned(), status.as_u16(), detail).to_json(),
     )
         .into_response()
 }
