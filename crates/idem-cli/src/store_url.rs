@@ -14,29 +14,36 @@ pub enum StoreUrl {
 }
 
 impl StoreUrl {
-    /// Tells `url` apart by its scheme.
+    /// Tells a store URL apart by its scheme (`--store` of `idem proxy`: Redis too).
     pub fn parse(url: &str) -> anyhow::Result<Self> {
-        let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
-        Ok(match scheme.to_ascii_lowercase().as_str() {
-            "sqlite" => Self::Sqlite(url.to_owned()),
-            "postgres" | "postgresql" => Self::Postgres(url.to_owned()),
-            "redis" | "rediss" => Self::Redis(url.to_owned()),
-            _ => anyhow::bail!(
-                "unsupported database URL {:?}: expected sqlite://PATH or postgres://USER@HOST/DB",
+        Self::by_scheme(url).ok_or_else(|| {
+            anyhow::anyhow!(
+                "unsupported store URL {:?}: expected sqlite://PATH, postgres://… or redis://…",
                 redact(url)
-            ),
+            )
         })
     }
 
-    /// Like [`parse`](Self::parse), refusing Redis, which holds no business tables.
+    /// Tells a database URL apart (`--database`: SQLite or PostgreSQL, where business tables
+    /// live beside the keys).
     pub fn parse_database(url: &str) -> anyhow::Result<Self> {
-        match Self::parse(url)? {
-            Self::Redis(_) => anyhow::bail!(
-                "{:?} is a Redis URL; this needs sqlite://PATH or postgres://…",
+        match Self::by_scheme(url) {
+            Some(Self::Redis(_)) | None => anyhow::bail!(
+                "unsupported database URL {:?}: expected sqlite://PATH or postgres://USER@HOST/DB",
                 redact(url)
             ),
-            other => Ok(other),
+            Some(other) => Ok(other),
         }
+    }
+
+    fn by_scheme(url: &str) -> Option<Self> {
+        let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
+        Some(match scheme.to_ascii_lowercase().as_str() {
+            "sqlite" => Self::Sqlite(url.to_owned()),
+            "postgres" | "postgresql" => Self::Postgres(url.to_owned()),
+            "redis" | "rediss" => Self::Redis(url.to_owned()),
+            _ => return None,
+        })
     }
 
     /// The SQLite file this names (`None` for other stores and for in-memory databases).
@@ -100,8 +107,15 @@ mod tests {
     #[test]
     fn unknown_schemes_and_redis_as_a_database_are_refused_without_the_password() {
         let refused = StoreUrl::parse("mysql://root:hunter2@h/db").unwrap_err();
-        assert!(refused.to_string().contains("unsupported"), "{refused}");
+        assert!(
+            refused.to_string().contains("unsupported store URL"),
+            "{refused}"
+        );
         assert!(!refused.to_string().contains("hunter2"), "{refused}");
-        assert!(StoreUrl::parse_database("redis://127.0.0.1").is_err());
+        let refused = StoreUrl::parse_database("redis://127.0.0.1").unwrap_err();
+        assert!(
+            refused.to_string().contains("unsupported database URL"),
+            "{refused}"
+        );
     }
 }

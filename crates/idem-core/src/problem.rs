@@ -145,7 +145,10 @@ mod tests {
         for body in [ours, theirs] {
             let text = String::from_utf8(body).unwrap();
             let at = |member: &str| text.find(&format!("\"{member}\":")).unwrap();
-            assert!(at("type") < at("title") && at("title") < at("status"), "{text}");
+            assert!(
+                at("type") < at("title") && at("title") < at("status"),
+                "{text}"
+            );
             assert!(at("status") < at("detail"), "{text}");
         }
     }
