@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod serve;
 pub mod simulate;
 pub mod store_url;
+mod sweeper;
 pub mod worker;
 
 /// idem: safe retries for payment and order APIs.

@@ -151,6 +151,8 @@ async fn run_on<St: Store>(
 ) -> anyhow::Result<ExitCode> {
     let admin_routes = admin_router(store.clone());
     let head_timeout = config.head_timeout;
+    // Redis expires its records itself too; SQLite and PostgreSQL rely on this alone.
+    let sweeper = crate::sweeper::spawn(store.clone(), config.clock.clone());
     let gateway = idem_gateway::router(store, config);
     let app = match admin {
         Some(admin) => {
@@ -160,9 +162,11 @@ async fn run_on<St: Store>(
         // Routes win over the gateway's fallback, so these two paths are the proxy's own.
         None => admin_routes.merge(gateway),
     };
-    idem_gateway::server::serve(listener, app, head_timeout, shutdown_signal())
+    let served = idem_gateway::server::serve(listener, app, head_timeout, shutdown_signal())
         .await
-        .context("the gateway failed")?;
+        .context("the gateway failed");
+    sweeper.abort();
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -132,3 +132,89 @@ fn a_bad_store_url_fails_with_a_clear_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported store URL"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_sweeps_expired_keys_on_sqlite() {
+    use idem_core::{
+        AccountId, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RequestParts,
+        Scope, StoredResponse, Timestamp,
+    };
+    use idem_store::{NewClaim, SqliteStore, Store};
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem-proxy.db");
+    // A record claimed and completed long ago: past its retention.
+    let scope = Scope::new(
+        AccountId::new("acct"),
+        IdempotencyKey::parse(b"swept-key-0001", KeyLimits::default()).unwrap(),
+    );
+    let fingerprint = Fingerprint::compute(&RequestParts {
+        account: "acct",
+        method: "POST",
+        route: "/orders",
+        query: "",
+        content_type: "",
+        body: b"",
+    })
+    .unwrap();
+    let long_ago = Timestamp(946_684_800_000); // 2000-01-01
+    let store = SqliteStore::open(&db).await.unwrap();
+    let claim = NewClaim::new(
+        scope.clone(),
+        fingerprint,
+        FencingToken(1),
+        long_ago,
+        &Policy::default(),
+    );
+    store.claim(&claim).await.unwrap();
+    let done = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"order-1".to_vec(),
+        body_omitted: false,
+    };
+    assert!(
+        store
+            .complete(&scope, FencingToken(1), &done)
+            .await
+            .unwrap()
+    );
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+        ])
+        .args(["--store", &format!("sqlite://{}", db.display())])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let _proxy = Proxy(child);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .expect("the proxy swept at start (it logs each sweep that deleted keys)");
+        if line.contains("swept expired keys") {
+            break;
+        }
+    }
+    assert_eq!(
+        store.get(&scope).await.unwrap(),
+        None,
+        "the expired record is gone"
+    );
+}

@@ -86,6 +86,7 @@ pub trait Database: sqlx::Database + sealed::Sealed {
     const LOCKS_PENDING: bool;
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn pending_from_row<R: Row>(row: &R) -> Result<PendingEvent, sqlx::Error>
 where
     for<'r> &'r str: sqlx::ColumnIndex<R>,

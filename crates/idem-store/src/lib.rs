@@ -211,6 +211,8 @@ pub struct RecordFilter {
     pub limit: u32,
 }
 
+// Read by the SQL backends' queries only.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl RecordFilter {
     fn limit(&self) -> i64 {
         if self.limit == 0 {

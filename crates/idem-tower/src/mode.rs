@@ -362,39 +362,34 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         };
         let response = match response {
             Ok(response) => response,
-            // The service failed without a response: the outcome is unknown; the lease runs out.
-            Err(e) => return Err(e),
+            // The service failed without a response: the outcome is unknown.
+            Err(e) => {
+                let _ = outcome_unknown(&store, &claim, reconciliation.as_ref()).await;
+                return Err(e);
+            }
         };
         let (response, outcome, stored) = match buffer_response(&policy, response).await {
             Ok(buffered) => buffered,
             Err(e) => {
                 tracing::error!(error = %e, "handler response failed");
+                let (_, retry_after) =
+                    outcome_unknown(&store, &claim, reconciliation.as_ref()).await;
                 return Ok(problem(
                     ProblemKind::OutcomeUnknown,
                     "the response could not be produced; the outcome is unknown",
-                    Some(policy.lease),
+                    Some(retry_after),
                 ));
             }
         };
         let mut response = response;
-        let stored_ok = match (outcome, &reconciliation) {
-            (Outcome::Store, _) => store.complete(&claim.scope, claim.token, &stored).await,
-            (Outcome::Release, _) => store.release(&claim.scope, claim.token).await,
-            // The handler returned, so every call it made is over: nothing is left to wait
-            // for. Ending the lease now makes the record's state honest at once (outcome
-            // unknown, not "still running"), and the reconciler looks right away.
-            (Outcome::Unknown, Some(schedule)) => {
-                let ended = store
-                    .renew(&claim.scope, claim.token, claim.clock.now())
-                    .await;
-                schedule.request_pass();
-                set_retry_after(&mut response, schedule.retry_after());
+        let stored_ok = match outcome {
+            Outcome::Store => store.complete(&claim.scope, claim.token, &stored).await,
+            Outcome::Release => store.release(&claim.scope, claim.token).await,
+            Outcome::Unknown => {
+                let (ended, retry_after) =
+                    outcome_unknown(&store, &claim, reconciliation.as_ref()).await;
+                set_retry_after(&mut response, retry_after);
                 ended
-            }
-            // Without a reconciler the lease runs out and the next retry takes the key over.
-            (Outcome::Unknown, None) => {
-                set_retry_after(&mut response, policy.lease_hold());
-                Ok(true)
             }
         };
         // Waiters look again once there is something new to see (a later try of a failed
@@ -425,6 +420,28 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             _ => "not_stored",
         });
         Ok(response)
+    }
+}
+
+/// The work ended and its outcome is unknown. With a reconciler, every call the work made is
+/// over, so nothing is left to wait for: the lease ends now, which makes the record's state
+/// honest at once (outcome unknown, not "still running"), and the reconciler looks right away.
+/// Without one the lease runs out and the next retry takes the key over. Returns whether the
+/// record was updated and when a client should ask again.
+async fn outcome_unknown<St: Store>(
+    store: &St,
+    claim: &Claim,
+    reconciliation: Option<&Reconciliation>,
+) -> (idem_store::Result<bool>, Duration) {
+    match reconciliation {
+        Some(schedule) => {
+            let ended = store
+                .renew(&claim.scope, claim.token, claim.clock.now())
+                .await;
+            schedule.request_pass();
+            (ended, schedule.retry_after())
+        }
+        None => (Ok(true), claim.policy.lease_hold()),
     }
 }
 

@@ -13,7 +13,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_core::{AccountId, Clock, Policy, SystemClock};
-use idem_store::{PgStore, SqliteStore, sweep_all};
+use idem_store::{PgStore, SqliteStore};
 
 use self::backend::Backend;
 use crate::store_url::StoreUrl;
@@ -314,21 +314,7 @@ async fn serve_on<B: Backend>(
     tracing::info!(%addr, database = %backend::redact(&config.database), "idem serve listening");
 
     // The sweeper: every instance may run it; each statement deletes at most 1,000 rows.
-    let sweeper = {
-        let store = app.store.clone();
-        let clock = config.clock.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(60));
-            loop {
-                every.tick().await;
-                match sweep_all(&store, clock.now(), 1000).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(deleted = n, "swept expired keys"),
-                    Err(e) => tracing::warn!(error = %e, "sweep failed"),
-                }
-            }
-        })
-    };
+    let sweeper = crate::sweeper::spawn(app.store.clone(), config.clock.clone());
 
     // The reconciler: resolves payouts whose worker died or whose provider call failed, by
     // asking the provider. Its first pass runs at start, for what a crash left behind.

@@ -1,0 +1,29 @@
+//! The sweeper every long-running command runs beside its server: expired records are deleted
+//! in small batches, so the key table stays the size of its retention window.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::Clock;
+use idem_store::{Store, sweep_all};
+use tokio::task::JoinHandle;
+
+/// How often the sweeper looks; each statement deletes at most [`BATCH`] rows, so it never
+/// holds locks long enough to stall claims.
+const EVERY: Duration = Duration::from_secs(60);
+const BATCH: u32 = 1000;
+
+/// Starts the sweeper on `store`; every instance may run one at once.
+pub(crate) fn spawn<St: Store>(store: St, clock: Arc<dyn Clock>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(EVERY);
+        loop {
+            every.tick().await;
+            match sweep_all(&store, clock.now(), BATCH).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "swept expired keys"),
+                Err(e) => tracing::warn!(error = %e, "sweep failed"),
+            }
+        }
+    })
+}
