@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use sqlx::{Pool, Row};
+use sqlx::Pool;
 
 use crate::{EventId, Message};
 
@@ -87,7 +87,7 @@ pub trait Database: sqlx::Database + sealed::Sealed {
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn pending_from_row<R: Row>(row: &R) -> Result<PendingEvent, sqlx::Error>
+fn pending_from_row<R: sqlx::Row>(row: &R) -> Result<PendingEvent, sqlx::Error>
 where
     for<'r> &'r str: sqlx::ColumnIndex<R>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
