@@ -11,8 +11,9 @@
 //! says the same):
 //!
 //! - A key's request never reaches the upstream while an earlier reach of it still runs, and a
-//!   later reach comes only after the lease of the one before could have run out (at least
-//!   [`LEASE`] minus the claim's own time in flight after its start): a reach again means the
+//!   later reach comes only after the claim of the one before could have run out (at least
+//!   [`HOLD`], the lease plus the upstream timeout, minus the claim's own time in flight after
+//!   its start): a reach again means the
 //!   gateway lost track of the outcome (a proxy killed mid-request, or an outcome it could not
 //!   store while Redis was out of reach), and it sends the same key again, for the upstream
 //!   to dedupe on.
@@ -72,6 +73,13 @@ const LATE_RETRY_CHANCE: f64 = 0.2;
 /// The gateway's lease (`Policy::default()`; `idem proxy` has no flag for it).
 const LEASE: Duration = Duration::from_secs(30);
 
+/// The proxies' upstream timeout (`--upstream-timeout-secs`): the upstream answers in
+/// milliseconds, and a claim is held for the lease plus this past its last renewal.
+const UPSTREAM_TIMEOUT_SECS: u64 = 5;
+
+/// How long a claim whose gateway died holds its key: the lease and the upstream timeout.
+const HOLD: Duration = LEASE.saturating_add(Duration::from_secs(UPSTREAM_TIMEOUT_SECS));
+
 /// How much later than its claim a reach may start: the claim's answer on its way back from
 /// Redis (at most the store's 2 s response timeout, else the claim fails) and the proxy's own
 /// work before it sends upstream.
@@ -91,9 +99,9 @@ const ATTEMPT_TIMEOUT: Duration = GATEWAY_BOUND
     .saturating_add(MAX_NET_FAULT)
     .saturating_add(LATENCY_MAX.saturating_mul(2));
 
-/// After the chaos, how long copies may take to get their `201`: a lease (a key whose outcome
-/// went unstored is sent again after it) and a margin.
-const SETTLE: Duration = LEASE.saturating_add(Duration::from_secs(20));
+/// After the chaos, how long copies may take to get their `201`: a claim's hold (a key whose
+/// outcome went unstored is sent again after it) and a margin.
+const SETTLE: Duration = HOLD.saturating_add(Duration::from_secs(20));
 
 const TOKEN: &str = "sk_test_gateway";
 
@@ -501,7 +509,7 @@ impl Load {
         let url = self.fleet.read().unwrap_or_else(PoisonError::into_inner)[slot]
             .clone()
             .expect("both proxies run after the chaos");
-        let until = Instant::now() + LEASE + Duration::from_secs(10);
+        let until = Instant::now() + HOLD + Duration::from_secs(10);
         let mut seen = Vec::new();
         for attempt in 1.. {
             let answer = self.send(key, 0, attempt, slot, &url, true).await;
@@ -568,6 +576,8 @@ impl Chaos<'_> {
                 // One secret for every process: the scopes survive restarts.
                 "--secret",
                 "gateway-chaos-secret-of-32-bytes",
+                "--upstream-timeout-secs",
+                &UPSTREAM_TIMEOUT_SECS.to_string(),
             ],
             log,
         )
@@ -802,7 +812,7 @@ fn check(attempts: &[Attempt], upstream: &Upstream, findings: &mut Findings) {
             inner.overlaps
         ));
     }
-    let min_gap = (LEASE - CLAIM_SLACK).as_secs_f64() * 1000.0;
+    let min_gap = (HOLD - CLAIM_SLACK).as_secs_f64() * 1000.0;
     for (key, reaches) in &inner.reaches {
         // Recorded as they end; compared in the order they began.
         let mut reaches = reaches.clone();

@@ -26,7 +26,8 @@ pub enum ProblemKind {
     BodyTimeout,
     /// `503`: the record store cannot be reached; the request was not processed.
     StoreUnavailable,
-    /// `502`: a gateway could not reach its upstream; nothing was sent, so a retry runs fresh.
+    /// `502`: a gateway could not reach its upstream (nothing was sent, so a retry runs fresh),
+    /// or its connection failed after the request was sent (the outcome is unknown).
     UpstreamUnavailable,
     /// `504`: a gateway sent the request but its upstream did not answer in time; the outcome
     /// is unknown.
