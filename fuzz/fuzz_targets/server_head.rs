@@ -3,11 +3,12 @@
 //! real SqliteStore and a trivial handler: hyper parses whatever head arrives, under idem's
 //! head deadline, and the layer gets what hyper lets through.
 //!
-//! The input is written as the client's whole side of the connection (then the client stops
-//! writing). The server must end the connection by itself (the head deadline closes one whose
-//! head never completes; the clock is paused, so the deadline costs no real time), and
-//! everything it wrote must be HTTP/1.1 responses, none a 5xx: idem never answers 500 to
-//! malformed input, and nothing here can make the store unavailable.
+//! The input is written as the client's whole side of the connection, then the client stops
+//! writing. The server must end the connection by itself within a few seconds (a head cut
+//! short by the client's end, a pipelined second request, a body shorter than declared), and
+//! everything it wrote must be HTTP/1.x responses, none a 5xx: idem never answers 500 to
+//! malformed input, and nothing here can make the store unavailable. (The clock is real: a
+//! paused one would also fire the SQLite pool's acquire timeout while a statement runs.)
 
 #![no_main]
 
@@ -24,8 +25,11 @@ use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::runtime::Runtime;
 
-/// The deadline for a request head, as `idem serve` has it (30 s), in paused time.
+/// The deadline for a request head, as `idem serve` has it.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the server may take to end a connection whose client has stopped writing.
+const CLOSE_BOUND: Duration = Duration::from_secs(10);
 
 struct Harness {
     runtime: Runtime,
@@ -43,7 +47,6 @@ impl Harness {
     fn new() -> Self {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .start_paused(true)
             .build()
             .expect("a tokio runtime");
         let dir = tempfile::tempdir().expect("a temp dir");
@@ -79,7 +82,8 @@ fn statuses(output: &[u8]) -> Vec<u16> {
             Ok(httparse::Status::Complete(len)) => len,
             other => panic!("not an HTTP/1.1 response: {other:?} in {output:?}"),
         };
-        assert_eq!(response.version, Some(1), "HTTP/1.1 only");
+        // An HTTP/1.0 request is answered in HTTP/1.0.
+        assert!(matches!(response.version, Some(0 | 1)), "HTTP/1.x only");
         let status = response.code.expect("a status");
         let length = response
             .headers
@@ -125,9 +129,7 @@ fuzz_target!(|input: &[u8]| {
             client.write_all(input).await.expect("the server reads");
             client.shutdown().await.expect("half-close");
             let mut output = Vec::new();
-            // Paused time: this bound costs nothing unless the server never ends the
-            // connection, which is the bug it catches.
-            tokio::time::timeout(HEAD_TIMEOUT * 4, client.read_to_end(&mut output))
+            tokio::time::timeout(CLOSE_BOUND, client.read_to_end(&mut output))
                 .await
                 .expect("the server ended the connection")
                 .expect("a readable connection");
