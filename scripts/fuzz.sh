@@ -3,7 +3,7 @@
 # executions per target. Exits non-zero if any target crashed; the crashing input is left in
 # fuzz/artifacts/<target>/ (reproduce with `cargo fuzz run <target> <file>`).
 #
-#   scripts/fuzz.sh [SECONDS_PER_TARGET]
+#   scripts/fuzz.sh [SECONDS_PER_TARGET [TARGET...]]     (default: 60 s, every target)
 #
 # Works from a clean clone: installs cargo-fuzz if missing and builds on the pinned stable
 # toolchain (RUSTC_BOOTSTRAP=1 unlocks the -Z flags cargo-fuzz passes).
@@ -12,6 +12,10 @@ cd "$(dirname "$0")/.."
 
 secs="${1:-60}"
 targets=(key_parser canonical_json fingerprint layer_request server_head)
+if [ $# -gt 1 ]; then
+  shift
+  targets=("$@")
+fi
 
 export RUSTC_BOOTSTRAP=1
 target_dir="${IDEM_FUZZ_TARGET_DIR:-$HOME/.cache/idem-fuzz-target}"
