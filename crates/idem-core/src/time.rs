@@ -29,6 +29,14 @@ pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     fn now(&self) -> Timestamp;
 }
 
+/// A shared clock is a clock, so one clock (a test's [`ManualClock`] above all) can drive
+/// every part of a service.
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    fn now(&self) -> Timestamp {
+        (**self).now()
+    }
+}
+
 /// The system's wall clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;

@@ -144,7 +144,7 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
     };
     let idempotency = IdempotencyLayer::leased(store)
         .with_policy(policy)
-        .with_clock(ClockRef(config.clock.clone()))
+        .with_clock(config.clock.clone())
         .with_account(move |parts| match parts.headers.get(&credential) {
             // The credential itself is never stored: only its HMAC under the server secret.
             Some(value) => AccountId::new(format!(
@@ -223,14 +223,4 @@ pub async fn serve<St: Store>(
 ) -> std::io::Result<()> {
     let head_timeout = config.head_timeout;
     server::serve(listener, router(store, config), head_timeout, shutdown).await
-}
-
-/// Lets the layer share the gateway's clock.
-#[derive(Debug, Clone)]
-struct ClockRef(Arc<dyn Clock>);
-
-impl Clock for ClockRef {
-    fn now(&self) -> idem_core::Timestamp {
-        self.0.now()
-    }
 }

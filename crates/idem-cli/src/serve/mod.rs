@@ -372,7 +372,7 @@ impl<B: Backend> App<B> {
     fn router(&self, config: &ServeConfig) -> Router {
         let mut idempotency = IdempotencyLayer::transactional(self.store.clone())
             .with_policy(config.policy.clone())
-            .with_clock(ClockRef(config.clock.clone()));
+            .with_clock(config.clock.clone());
         // Payouts call the provider: lease mode, and a crashed worker's payout is reconciled
         // with the provider rather than run again.
         let mut leased = IdempotencyLayer::leased(self.store.clone())
@@ -388,7 +388,7 @@ impl<B: Backend> App<B> {
         };
         let mut leased = leased
             .with_policy(payout_policy)
-            .with_clock(ClockRef(config.clock.clone()));
+            .with_clock(config.clock.clone());
         if !config.replay_read {
             idempotency = idempotency.without_replay_read();
             leased = leased.without_replay_read();
@@ -428,16 +428,6 @@ impl<B: Backend> App<B> {
             .route("/openapi.json", get(openapi::document::<B>))
             .merge(api)
             .with_state(self.clone())
-    }
-}
-
-/// Lets the layer share the service's clock.
-#[derive(Debug, Clone)]
-struct ClockRef(Arc<dyn Clock>);
-
-impl Clock for ClockRef {
-    fn now(&self) -> idem_core::Timestamp {
-        self.0.now()
     }
 }
 
