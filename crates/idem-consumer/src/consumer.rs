@@ -17,6 +17,7 @@ pub enum Handled {
 
 /// Why a handler could not apply a message.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HandlerError {
     /// The message can never be applied (it does not parse, it names nothing): dead-letter it
     /// now rather than redeliver it.

@@ -20,6 +20,7 @@ pub enum Processed<T> {
 
 /// Why [`Inbox::process`] failed. Nothing was committed in either case.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProcessError<E> {
     /// The database failed (begin, inbox insert, commit).
     #[error("the inbox's database failed while processing event {event}")]

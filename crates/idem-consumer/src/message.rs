@@ -10,6 +10,7 @@ pub struct EventId(String);
 
 /// Why a string is not an [`EventId`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InvalidEventId {
     /// The id is empty.
     #[error("an event id must not be empty")]

@@ -28,6 +28,7 @@ pub async fn enqueue<DB: Database>(
 
 /// Why a relay pass failed. Rows it had not marked sent stay pending for the next pass.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RelayError {
     /// The outbox's database failed.
     #[error("the outbox's database failed")]

@@ -112,6 +112,8 @@ impl NewClaim {
 
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
+// Exhaustive on purpose: whoever claims must handle every outcome, so a new one is a compile
+// error in each caller rather than a silent catch-all.
 pub enum ClaimOutcome {
     /// The key is ours: a new in-progress record holds the claim's token.
     Claimed,
@@ -189,6 +191,8 @@ pub trait TransactionalStore: Store {
 
 /// What [`TransactionalStore::begin_claim`] found.
 #[derive(Debug)]
+// Exhaustive on purpose: whoever claims must handle every outcome, so a new one is a compile
+// error in each caller rather than a silent catch-all.
 pub enum TxClaim<Tx> {
     /// The key is claimed inside this open transaction.
     Claimed(Tx),
