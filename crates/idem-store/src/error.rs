@@ -22,6 +22,11 @@ pub enum Error {
     /// A row could not be read back as a record.
     #[error("a stored idempotency record is corrupt: {0}")]
     Corrupt(String),
+    /// Concurrent changes left the operation nothing consistent to act on (a claim kept losing
+    /// to records that vanished before they could be read; a transaction's own key row
+    /// vanished). Nothing was stored; a retry may succeed.
+    #[error("the idempotency record changed under the operation: {0}")]
+    Raced(String),
 }
 
 impl From<sqlx::Error> for Error {

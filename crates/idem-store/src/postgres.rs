@@ -262,7 +262,7 @@ fn lock_timeout_setting(wait: Duration) -> String {
 }
 
 fn vanished(scope: &Scope) -> Error {
-    Error::Corrupt(format!(
+    Error::Raced(format!(
         "a claim of key {} kept losing to records that vanished before they could be read",
         scope.log_label()
     ))
@@ -474,7 +474,7 @@ impl TransactionalStore for PgStore {
         response: &StoredResponse,
     ) -> Result<()> {
         if !complete_on(&mut *tx, scope, token, response).await? {
-            return Err(Error::Corrupt(format!(
+            return Err(Error::Raced(format!(
                 "the key row of {} vanished inside its own transaction",
                 scope.log_label()
             )));

@@ -226,7 +226,7 @@ impl SqliteStore {
 }
 
 fn lost_to_nothing(scope: &Scope) -> Error {
-    Error::Corrupt(format!(
+    Error::Raced(format!(
         "a claim of key {} conflicted with a record that does not exist",
         scope.log_label()
     ))
@@ -416,7 +416,7 @@ impl TransactionalStore for SqliteStore {
             // alone: the whole group rolls back rather than commit them without a response.
             Ok(false) => {
                 tx.poison();
-                Err(Error::Corrupt(format!(
+                Err(Error::Raced(format!(
                     "the key row of {} vanished inside its own transaction",
                     scope.log_label()
                 )))
