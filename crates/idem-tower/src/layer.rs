@@ -22,7 +22,7 @@ use tower::{Layer, Service};
 use crate::Outcome;
 use crate::mode::Mode;
 use crate::mode::sealed::Claim;
-use crate::response::{problem, replay};
+use crate::response::{answer, count, problem, store_unavailable, too_large};
 
 /// Finds the account a request acts for.
 type AccountFn = Arc<dyn Fn(&Parts) -> AccountId + Send + Sync>;
@@ -317,15 +317,15 @@ where
     // without claiming anything.
     if layer.replay_read {
         match layer.mode.store().get(&scope).await {
-            Ok(existing) => match decide(existing.as_ref(), &fingerprint, now) {
-                Decision::Replay(stored) => {
-                    count("replay");
-                    tracing::debug!(key = %scope.log_label(), "replayed");
-                    return Ok(replay(stored));
+            Ok(existing) => {
+                let decision = decide(existing.as_ref(), &fingerprint, now);
+                // Work in flight goes on to the claim, which decides again under its lock.
+                if let Decision::Replay(_) | Decision::Mismatch = decision
+                    && let Some(settled) = answer(&decision, &scope, None)
+                {
+                    return Ok(settled);
                 }
-                Decision::Mismatch => return Ok(mismatch(&scope)),
-                _ => {}
-            },
+            }
             Err(e) => return Ok(store_unavailable(&e)),
         }
     }
@@ -359,53 +359,6 @@ fn random_token() -> i64 {
     // Tokens only need to be unique per claim; 63 random bits make a collision negligible.
     let bytes = uuid::Uuid::new_v4().into_bytes();
     i64::from_be_bytes(bytes[..8].try_into().expect("8 bytes")) & i64::MAX
-}
-
-pub(crate) fn count(outcome: &'static str) {
-    metrics::counter!("idem_requests_total", "outcome" => outcome).increment(1);
-}
-
-fn too_large<B: From<Bytes>>(policy: &Policy) -> Response<B> {
-    problem(
-        ProblemKind::BodyTooLarge,
-        format!("the request body exceeds {} bytes", policy.body_limit),
-        None,
-    )
-}
-
-pub(crate) fn mismatch<B: From<Bytes>>(scope: &Scope) -> Response<B> {
-    count("mismatch");
-    tracing::info!(key = %scope.log_label(), "key reused for a different request");
-    problem(
-        ProblemKind::Mismatch,
-        "this Idempotency-Key was used for a different request (method, path, query, content type or body); use a new key for a new request",
-        None,
-    )
-}
-
-pub(crate) fn store_unavailable<B: From<Bytes>>(error: &idem_store::Error) -> Response<B> {
-    count("store_unavailable");
-    tracing::error!(error = %ErrorChain(error), "idempotency store failed");
-    problem(
-        ProblemKind::StoreUnavailable,
-        "the idempotency store is unavailable; the request was not processed; retry with the same key",
-        Some(std::time::Duration::from_secs(1)),
-    )
-}
-
-/// Displays an error with its sources, `a: b: c`.
-pub(crate) struct ErrorChain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(e) = source {
-            write!(f, ": {e}")?;
-            source = e.source();
-        }
-        Ok(())
-    }
 }
 
 /// Reads a response's body whole and decides what to keep of it.

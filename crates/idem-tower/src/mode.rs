@@ -13,10 +13,8 @@ use idem_store::{ClaimOutcome, NewClaim, Store, TransactionalStore, TxClaim};
 use tokio::sync::Mutex;
 use tower::{Service, ServiceExt};
 
-use crate::layer::{
-    ErrorChain, IdempotencyLayer, buffer_response, count, mismatch, store_unavailable,
-};
-use crate::response::{problem, replay};
+use crate::layer::{IdempotencyLayer, buffer_response};
+use crate::response::{ErrorChain, answer, count, in_use, problem, store_unavailable};
 use crate::{Outcome, OutcomeSignal, Reconciliation};
 use sealed::Claim;
 
@@ -166,15 +164,10 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
         let tx = match store.begin_claim(&new, policy.in_flight_wait).await {
             Ok(TxClaim::Claimed(tx)) => tx,
             Ok(TxClaim::Existing(record)) => {
-                let now = claim.clock.now();
-                return Ok(match decide(Some(&record), &claim.fingerprint, now) {
-                    Decision::Replay(stored) => {
-                        count("replay");
-                        replay(stored)
-                    }
-                    Decision::Mismatch => mismatch(&claim.scope),
-                    other => in_use(&other, None),
-                });
+                let decision = decide(Some(&record), &claim.fingerprint, claim.clock.now());
+                // A committed record the claim could not replace always settles the request.
+                return Ok(answer(&decision, &claim.scope, None)
+                    .unwrap_or_else(|| in_use(&decision, None)));
             }
             Ok(TxClaim::Busy) => {
                 count("in_flight");
@@ -328,12 +321,12 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                     }
                     // Woken: the outcome landed (or the key was released); look again.
                 }
-                (Decision::Replay(stored), ..) => {
-                    count("replay");
-                    return Ok(replay(stored));
+                _ => {
+                    let reconciliation = reconciliation.as_ref();
+                    // A record the claim could not replace always settles the request.
+                    return Ok(answer(&decision, &claim.scope, reconciliation)
+                        .unwrap_or_else(|| in_use(&decision, reconciliation)));
                 }
-                (Decision::Mismatch, ..) => return Ok(mismatch(&claim.scope)),
-                _ => return Ok(in_use(&decision, reconciliation.as_ref())),
             }
         }
 
@@ -486,26 +479,4 @@ fn set_retry_after<B>(response: &mut Response<B>, after: Duration) {
         .headers_mut()
         .entry(http::header::RETRY_AFTER)
         .or_insert_with(|| http::HeaderValue::from(after.as_secs().max(1)));
-}
-
-fn in_use<B: From<Bytes>>(
-    decision: &Decision<'_>,
-    reconciliation: Option<&Reconciliation>,
-) -> Response<B> {
-    count("in_flight");
-    match decision {
-        // The lease's remaining time is only the worst case (it is renewed while the work
-        // runs); most work ends in well under a second, so ask for a retry in one.
-        Decision::InFlight { retry_after } => problem(
-            ProblemKind::InUse,
-            "a request with this Idempotency-Key holds its lease: it is running, or its worker stopped while a call it made may still be running; retry later with the same key",
-            Some((*retry_after).min(Duration::from_secs(1))),
-        ),
-        _ => problem(
-            ProblemKind::OutcomeUnknown,
-            "the request with this Idempotency-Key ended without a known outcome; it is being reconciled with the system it called; retry after Retry-After with the same key",
-            // Without a reconciler only an operator resolves it (`idem keys`).
-            Some(reconciliation.map_or(Duration::from_secs(5), Reconciliation::retry_after)),
-        ),
-    }
 }

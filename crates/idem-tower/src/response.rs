@@ -1,11 +1,14 @@
 //! Responses the layer makes itself: problems and replays.
 
+use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
-use idem_core::{ProblemKind, StoredResponse};
+use idem_core::{Decision, Policy, ProblemKind, Scope, StoredResponse};
+
+use crate::Reconciliation;
 
 /// The header that marks a replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -53,4 +56,94 @@ pub(crate) fn replay<B: From<Bytes>>(stored: &StoredResponse) -> Response<B> {
         headers.insert(IDEMPOTENT_REPLAY, HeaderValue::from_static("omitted"));
     }
     response
+}
+
+/// The one answer for a decision that settles the request without running it: a replay, a
+/// mismatch, or a request in flight or of unknown outcome. `None` for a key to claim.
+pub(crate) fn answer<B: From<Bytes>>(
+    decision: &Decision<'_>,
+    scope: &Scope,
+    reconciliation: Option<&Reconciliation>,
+) -> Option<Response<B>> {
+    match decision {
+        Decision::Fresh | Decision::Expired => None,
+        Decision::Replay(stored) => {
+            count("replay");
+            tracing::debug!(key = %scope.log_label(), "replayed");
+            Some(replay(stored))
+        }
+        Decision::Mismatch => Some(mismatch(scope)),
+        Decision::InFlight { .. } | Decision::LeaseExpired { .. } => {
+            Some(in_use(decision, reconciliation))
+        }
+    }
+}
+
+pub(crate) fn in_use<B: From<Bytes>>(
+    decision: &Decision<'_>,
+    reconciliation: Option<&Reconciliation>,
+) -> Response<B> {
+    count("in_flight");
+    match decision {
+        // The lease's remaining time is only the worst case (it is renewed while the work
+        // runs); most work ends in well under a second, so ask for a retry in one.
+        Decision::InFlight { retry_after } => problem(
+            ProblemKind::InUse,
+            "a request with this Idempotency-Key holds its lease: it is running, or its worker stopped while a call it made may still be running; retry later with the same key",
+            Some((*retry_after).min(Duration::from_secs(1))),
+        ),
+        _ => problem(
+            ProblemKind::OutcomeUnknown,
+            "the request with this Idempotency-Key ended without a known outcome; it is being reconciled with the system it called; retry after Retry-After with the same key",
+            // Without a reconciler only an operator resolves it (`idem keys`).
+            Some(reconciliation.map_or(Duration::from_secs(5), Reconciliation::retry_after)),
+        ),
+    }
+}
+
+pub(crate) fn count(outcome: &'static str) {
+    metrics::counter!("idem_requests_total", "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn too_large<B: From<Bytes>>(policy: &Policy) -> Response<B> {
+    problem(
+        ProblemKind::BodyTooLarge,
+        format!("the request body exceeds {} bytes", policy.body_limit),
+        None,
+    )
+}
+
+pub(crate) fn mismatch<B: From<Bytes>>(scope: &Scope) -> Response<B> {
+    count("mismatch");
+    tracing::info!(key = %scope.log_label(), "key reused for a different request");
+    problem(
+        ProblemKind::Mismatch,
+        "this Idempotency-Key was used for a different request (method, path, query, content type or body); use a new key for a new request",
+        None,
+    )
+}
+
+pub(crate) fn store_unavailable<B: From<Bytes>>(error: &idem_store::Error) -> Response<B> {
+    count("store_unavailable");
+    tracing::error!(error = %ErrorChain(error), "idempotency store failed");
+    problem(
+        ProblemKind::StoreUnavailable,
+        "the idempotency store is unavailable; the request was not processed; retry with the same key",
+        Some(std::time::Duration::from_secs(1)),
+    )
+}
+
+/// Displays an error with its sources, `a: b: c`.
+pub(crate) struct ErrorChain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            write!(f, ": {e}")?;
+            source = e.source();
+        }
+        Ok(())
+    }
 }
