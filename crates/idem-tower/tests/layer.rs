@@ -715,14 +715,26 @@ async fn an_outcome_wait_is_bounded_then_409() {
     assert_eq!(original.await.unwrap().unwrap().status(), 201);
 }
 
-/// SQLite's store, counting the reads that answer replays before a claim.
+/// SQLite's store, counting the reads that answer replays before a claim, and failing the
+/// first `failing_completes` completions as an unreachable store would.
 #[derive(Clone, Debug)]
-struct CountingReads {
+struct WatchedStore {
     inner: SqliteStore,
     reads: Arc<AtomicUsize>,
+    failing_completes: Arc<AtomicUsize>,
 }
 
-impl idem_store::Store for CountingReads {
+impl WatchedStore {
+    fn new(inner: SqliteStore) -> Self {
+        Self {
+            inner,
+            reads: Arc::new(AtomicUsize::new(0)),
+            failing_completes: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+impl idem_store::Store for WatchedStore {
     async fn get(&self, scope: &Scope) -> idem_store::Result<Option<Record>> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.get(scope).await
@@ -736,6 +748,14 @@ impl idem_store::Store for CountingReads {
         token: FencingToken,
         response: &StoredResponse,
     ) -> idem_store::Result<bool> {
+        let fail = self
+            .failing_completes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+            return Err(idem_store::Error::Unavailable(Box::new(refused)));
+        }
         self.inner.complete(scope, token, response).await
     }
     async fn renew(
@@ -754,7 +774,7 @@ impl idem_store::Store for CountingReads {
     }
 }
 
-impl idem_store::TransactionalStore for CountingReads {
+impl idem_store::TransactionalStore for WatchedStore {
     type Tx = SqliteTx;
     async fn begin_claim(
         &self,
@@ -777,55 +797,11 @@ impl idem_store::TransactionalStore for CountingReads {
     }
 }
 
-/// SQLite's store whose first `complete` fails as an unreachable store's would.
-#[derive(Clone, Debug)]
-struct FirstCompleteFails {
-    inner: SqliteStore,
-    failed: Arc<AtomicUsize>,
-}
-
-impl idem_store::Store for FirstCompleteFails {
-    async fn get(&self, scope: &Scope) -> idem_store::Result<Option<Record>> {
-        self.inner.get(scope).await
-    }
-    async fn claim(&self, claim: &NewClaim) -> idem_store::Result<ClaimOutcome> {
-        self.inner.claim(claim).await
-    }
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> idem_store::Result<bool> {
-        if self.failed.fetch_add(1, Ordering::SeqCst) == 0 {
-            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-            return Err(idem_store::Error::Unavailable(Box::new(refused)));
-        }
-        self.inner.complete(scope, token, response).await
-    }
-    async fn renew(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        lease_until: Timestamp,
-    ) -> idem_store::Result<bool> {
-        self.inner.renew(scope, token, lease_until).await
-    }
-    async fn release(&self, scope: &Scope, token: FencingToken) -> idem_store::Result<bool> {
-        self.inner.release(scope, token).await
-    }
-    async fn sweep(&self, now: Timestamp, batch: u32) -> idem_store::Result<u64> {
-        self.inner.sweep(now, batch).await
-    }
-}
-
 #[tokio::test]
 async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
     let dir = tempfile::tempdir().unwrap();
-    let store = FirstCompleteFails {
-        inner: SqliteStore::open(dir.path().join("t.db")).await.unwrap(),
-        failed: Arc::new(AtomicUsize::new(0)),
-    };
+    let store = WatchedStore::new(SqliteStore::open(dir.path().join("t.db")).await.unwrap());
+    store.failing_completes.store(1, Ordering::SeqCst);
     let handler = Handler::new();
     let signal = idem_tower::OutcomeSignal::default();
     let router = Router::new()
@@ -886,10 +862,7 @@ async fn without_the_replay_read_nothing_is_read_before_the_claim() {
             .execute(inner.writer())
             .await
             .unwrap();
-        let store = CountingReads {
-            inner,
-            reads: Arc::new(AtomicUsize::new(0)),
-        };
+        let store = WatchedStore::new(inner);
         let mut layer = IdempotencyLayer::transactional(store.clone());
         if !replay_read {
             layer = layer.without_replay_read();
