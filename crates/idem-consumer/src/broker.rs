@@ -10,7 +10,7 @@ use crate::Message;
 
 /// A broker failed or refused; the operation may be retried.
 #[derive(Debug, thiserror::Error)]
-#[error("{broker}: {context}: {source}")]
+#[error("{broker}: {context}")]
 pub struct BrokerError {
     /// Which broker: "nats", "amqp", "kafka".
     pub broker: &'static str,

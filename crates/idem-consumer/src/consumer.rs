@@ -136,14 +136,14 @@ impl<H: Handler> Consumer<H> {
                 delivery.dead_letter(&reason).await
             }
             Err(HandlerError::Transient(e)) if attempt >= self.delivery_limit => {
-                tracing::error!(event_id = %id, attempt, error = %e, "failed on its last delivery; dead-lettering");
+                tracing::error!(event_id = %id, attempt, error = %idem_core::ErrorChain(&*e), "failed on its last delivery; dead-lettering");
                 self.count(&mut stats.dead_lettered, "dead_lettered");
                 delivery
                     .dead_letter(&format!("failed {attempt} times; last: {e}"))
                     .await
             }
             Err(HandlerError::Transient(e)) => {
-                tracing::warn!(event_id = %id, attempt, error = %e, "failed; the broker will deliver it again");
+                tracing::warn!(event_id = %id, attempt, error = %idem_core::ErrorChain(&*e), "failed; the broker will deliver it again");
                 self.count(&mut stats.retried, "retried");
                 delivery.retry().await
             }

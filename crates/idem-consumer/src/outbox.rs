@@ -186,7 +186,7 @@ impl<DB: Database, P: Publisher> Relay<DB, P> {
                     self.poll
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, source = ?std::error::Error::source(&e), retry_in = ?backoff, "the outbox relay failed; retrying");
+                    tracing::warn!(error = %idem_core::ErrorChain(&e), retry_in = ?backoff, "the outbox relay failed; retrying");
                     let wait = backoff;
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                     wait

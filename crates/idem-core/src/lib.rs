@@ -39,6 +39,7 @@
 //! ```
 
 mod canonical_json;
+mod error_chain;
 mod fingerprint;
 mod key;
 mod policy;
@@ -48,6 +49,7 @@ mod scope;
 mod time;
 
 pub use canonical_json::{JsonError, MAX_DEPTH, canonical_json};
+pub use error_chain::ErrorChain;
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, KeyLimits};
 pub use policy::{Policy, PublishedPolicy};

@@ -1,11 +1,11 @@
 //! Responses the layer makes itself: problems and replays.
 
-use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
+pub(crate) use idem_core::ErrorChain;
 use idem_core::{Decision, Policy, ProblemKind, Scope, StoredResponse};
 
 use crate::Reconciliation;
@@ -131,19 +131,4 @@ pub(crate) fn store_unavailable<B: From<Bytes>>(error: &idem_store::Error) -> Re
         "the idempotency store is unavailable; the request was not processed; retry with the same key",
         Some(std::time::Duration::from_secs(1)),
     )
-}
-
-/// Displays an error with its sources, `a: b: c`.
-pub(crate) struct ErrorChain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(e) = source {
-            write!(f, ": {e}")?;
-            source = e.source();
-        }
-        Ok(())
-    }
 }
