@@ -586,20 +586,10 @@ fn answer(sent: idem_client::Result<Answer>) -> Result<Answer, String> {
         }) => Err(format!(
             "no answer ({attempts} attempt{}): {}",
             if attempts == 1 { "" } else { "s" },
-            error_chain(&source)
+            idem_core::ErrorChain(&source)
         )),
-        Err(e) => Err(error_chain(&e)),
+        Err(e) => Err(idem_core::ErrorChain(&e).to_string()),
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        out += &format!(": {cause}");
-        source = cause.source();
-    }
-    out
 }
 
 /// The problem `type` of a problem-details answer, else a hint at what the body is.

@@ -238,7 +238,7 @@ impl Load {
             }
             Err(e) => {
                 seen.timed_out = e.is_timeout();
-                seen.error = Some(error_chain(&e));
+                seen.error = Some(idem_core::ErrorChain(&e).to_string());
             }
         }
         self.journal.attempt(seen.clone());
@@ -304,15 +304,4 @@ impl Load {
             request_len: Some(request.len()),
         });
     }
-}
-
-pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
