@@ -565,7 +565,7 @@ impl Chaos<'_> {
             "proxy-{slot}-generation-{}.log",
             self.generations[slot]
         ));
-        let proxy = Proxy::start(
+        let proxy = Proxy::start_proxy(
             &self.dir,
             &self.upstream,
             &[

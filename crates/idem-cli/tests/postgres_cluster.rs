@@ -433,7 +433,7 @@ fn assert_one_fresh_answer_per_key_unless_cut(finals: &[Seen], cut_keys: &HashSe
 }
 
 fn logs(instances: &[Serve]) -> Vec<String> {
-    instances.iter().map(Serve::log).collect()
+    instances.iter().map(|serve| serve.log()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -754,7 +754,7 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
         tally(down.iter().copied())
     );
     // The instances recovered by themselves.
-    assert!(instances.iter_mut().all(Serve::is_running));
+    assert!(instances.iter_mut().all(|serve| serve.is_running()));
     let payments = assert_one_payment_per_key(&cluster.url, &load, &seen).await;
 
     // Every payment acknowledged before the crash survived it and replays, byte for byte.

@@ -22,114 +22,22 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 #[allow(unused_imports)] // not every test binary that includes this module uses it
 pub use idem_store::testing::PgTestDatabase as PgDatabase;
 
-/// A running `idem serve` process; dropping it kills the process.
-pub struct Serve {
+/// A running `idem` command that serves HTTP (`serve`, `proxy`); dropping it kills the
+/// process.
+pub struct Idem {
     /// `http://127.0.0.1:PORT`, as the process announced it.
     pub url: String,
-    child: Child,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Serve {
-    /// Starts `idem serve --database DATABASE` on a free loopback port, reads the line that
-    /// says where it listens, and waits until it answers `/healthz` (it prints that line
-    /// before it opens and migrates the database). Its stderr (warnings and errors) goes to a
-    /// log file.
-    pub async fn start(database: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let log = dir.path().join("serve.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--database", database])
-            .env("RUST_LOG", "warn")
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(File::create(&log).expect("create the log file"))
-            .spawn()
-            .expect("spawn idem serve");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut serve = Self {
-            url: String::new(),
-            child,
-            log,
-            _dir: dir,
-        };
-        let (first_line, announced) = oneshot::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(first)) = lines.next() {
-                let _ = first_line.send(first);
-            }
-            // Read to the end: once the pipe closed, the child's next println would panic.
-            lines.for_each(drop);
-        });
-        let first = match tokio::time::timeout(START_TIMEOUT, announced).await {
-            Ok(Ok(line)) => line,
-            _ => panic!(
-                "idem serve did not say where it listens; its log:\n{}",
-                serve.log()
-            ),
-        };
-        serve.url = first
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap_or_else(|| panic!("no address in {first:?}"))
-            .to_owned();
-        // The listener is bound, so this request waits in its backlog until the service runs.
-        let health = reqwest::Client::new()
-            .get(format!("{}/healthz", serve.url))
-            .timeout(START_TIMEOUT)
-            .send()
-            .await
-            .map(|r| r.status());
-        assert!(
-            matches!(health, Ok(s) if s.is_success()),
-            "idem serve is not healthy: {health:?}; its log:\n{}",
-            serve.log()
-        );
-        serve
-    }
-
-    /// Kills the process with SIGKILL, as `kill -9` does: no shutdown, no cleanup.
-    pub fn kill(&mut self) {
-        self.child.kill().expect("SIGKILL idem serve");
-        self.child.wait().expect("reap idem serve");
-    }
-
-    /// Whether the process is still running (it was neither killed nor crashed).
-    pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().expect("poll idem serve").is_none()
-    }
-
-    /// What the process wrote to stderr so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A running `idem proxy` process; dropping it kills the process.
-pub struct Proxy {
-    /// `http://127.0.0.1:PORT`, as the process announced it.
-    pub url: String,
+    what: &'static str,
     child: Child,
     log: PathBuf,
 }
 
-impl Proxy {
-    /// Starts `idem proxy --listen 127.0.0.1:0 --upstream UPSTREAM` with `args` (the store,
-    /// the secret…) from `dir`, reads the line that says where it listens, and waits until
-    /// its `/healthz` says the store answers. Its stderr goes to `log`.
-    pub async fn start(dir: &Path, upstream: &str, args: &[&str], log: PathBuf) -> Self {
+impl Idem {
+    /// Starts `idem ARGS` from `dir` with its stderr (warnings and errors) in `log`, reads the
+    /// line that says where it listens, and waits until it answers `/healthz` (it prints that
+    /// line before it opens its store).
+    async fn start(what: &'static str, args: &[&str], dir: &Path, log: PathBuf) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
             .args(args)
             .env("RUST_LOG", "warn")
             .current_dir(dir)
@@ -137,54 +45,103 @@ impl Proxy {
             .stdout(Stdio::piped())
             .stderr(File::create(&log).expect("create the log file"))
             .spawn()
-            .expect("spawn idem proxy");
+            .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
         let stdout = child.stdout.take().expect("piped stdout");
-        let mut proxy = Self {
+        let mut idem = Self {
             url: String::new(),
+            what,
             child,
             log,
         };
-        proxy.url = announced_url(stdout, "idem proxy", || proxy_log(&proxy.log)).await;
-        // The listener is bound, so this request waits in its backlog until the proxy runs.
+        idem.url = announced_url(stdout, what, || read_log(&idem.log)).await;
+        // The listener is bound, so this request waits in its backlog until the service runs.
         let health = reqwest::Client::new()
-            .get(format!("{}/healthz", proxy.url))
+            .get(format!("{}/healthz", idem.url))
             .timeout(START_TIMEOUT)
             .send()
             .await
             .map(|r| r.status());
         assert!(
             matches!(health, Ok(s) if s.is_success()),
-            "idem proxy is not healthy: {health:?}; its log:\n{}",
-            proxy.log()
+            "{what} is not healthy: {health:?}; its log:\n{}",
+            idem.log()
         );
-        proxy
+        idem
     }
 
-    /// Kills the process with SIGKILL, as `kill -9` does.
+    /// Kills the process with SIGKILL, as `kill -9` does: no shutdown, no cleanup.
     pub fn kill(&mut self) {
-        self.child.kill().expect("SIGKILL idem proxy");
-        self.child.wait().expect("reap idem proxy");
+        let what = self.what;
+        self.child
+            .kill()
+            .unwrap_or_else(|e| panic!("SIGKILL {what}: {e}"));
+        self.child
+            .wait()
+            .unwrap_or_else(|e| panic!("reap {what}: {e}"));
     }
 
     /// Whether the process is still running (it was neither killed nor crashed).
     pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().expect("poll idem proxy").is_none()
+        self.child.try_wait().expect("poll the child").is_none()
     }
 
     /// What the process wrote to stderr so far.
     pub fn log(&self) -> String {
-        proxy_log(&self.log)
+        read_log(&self.log)
     }
 }
 
-fn proxy_log(path: &Path) -> String {
+fn read_log(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-impl Drop for Proxy {
+impl Drop for Idem {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A running `idem serve` process, with its own working directory; dropping it kills it.
+pub struct Serve {
+    idem: Idem,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    /// Starts `idem serve --database DATABASE` on a free loopback port (see [`Idem`]).
+    pub async fn start(database: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("serve.log");
+        let args = ["serve", "--listen", "127.0.0.1:0", "--database", database];
+        let idem = Idem::start("idem serve", &args, dir.path(), log).await;
+        Self { idem, _dir: dir }
+    }
+}
+
+impl std::ops::Deref for Serve {
+    type Target = Idem;
+    fn deref(&self) -> &Idem {
+        &self.idem
+    }
+}
+
+impl std::ops::DerefMut for Serve {
+    fn deref_mut(&mut self) -> &mut Idem {
+        &mut self.idem
+    }
+}
+
+/// A running `idem proxy` process; dropping it kills it.
+pub type Proxy = Idem;
+
+impl Idem {
+    /// Starts `idem proxy --listen 127.0.0.1:0 --upstream UPSTREAM` with `args` (the store,
+    /// the secret…) from `dir`, its stderr in `log` (see [`Idem`]).
+    pub async fn start_proxy(dir: &Path, upstream: &str, args: &[&str], log: PathBuf) -> Self {
+        let mut all = vec!["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream];
+        all.extend_from_slice(args);
+        Self::start("idem proxy", &all, dir, log).await
     }
 }
 
