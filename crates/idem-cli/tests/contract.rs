@@ -424,6 +424,19 @@ async fn the_published_rules_health_and_metrics() {
     assert_eq!(policy.body["key_max_length"], 255);
     assert!(policy.body["scope"].as_str().unwrap().contains("account"));
     assert!(policy.body["mismatch"].as_str().unwrap().starts_with("422"));
+    // Payouts' lease mode publishes its own rules: the claim holds the lease and the
+    // provider timeout.
+    let lease = &policy.body["lease_mode"];
+    assert_eq!(lease["routes"], serde_json::json!(["POST /payouts"]));
+    assert_eq!(lease["lease_seconds"], 30);
+    assert_eq!(lease["downstream_timeout_seconds"], 10);
+    assert_eq!(lease["claim_held_seconds"], 40);
+    assert!(
+        lease["unknown_outcome"]
+            .as_str()
+            .unwrap()
+            .contains("outcome-unknown")
+    );
 
     let health = send(server.client.get(format!("{}/healthz", server.url))).await;
     assert_eq!(health.body["status"], "ok");

@@ -468,7 +468,20 @@ async fn metrics<B: Backend>(State(app): State<App<B>>) -> Response {
 }
 
 async fn policy<B: Backend>(State(app): State<App<B>>) -> Response {
-    axum::Json(app.policy.published("transaction")).into_response()
+    let mut published =
+        serde_json::to_value(app.policy.published("transaction")).expect("the policy serialises");
+    // /payouts runs in lease mode: its own rules, beside the transaction mode's above.
+    let (lease, timeout) = (app.policy.lease, app.provider.timeout);
+    published["lease_mode"] = serde_json::json!({
+        "routes": ["POST /payouts"],
+        "in_flight": "409 urn:idem:problem:in-use with Retry-After (or a bounded wait for the outcome, --wait-for-outcome-secs)",
+        "lease_seconds": lease.as_secs(),
+        "downstream_timeout_seconds": timeout.as_secs(),
+        "claim_held_seconds": (lease + timeout).as_secs(),
+        "unknown_outcome": "409 urn:idem:problem:outcome-unknown with Retry-After until the reconciler has asked the provider; never run again without asking",
+        "reconcile_every_seconds": app.reconciliation.period().as_secs_f64(),
+    });
+    axum::Json(published).into_response()
 }
 
 /// Completes on Ctrl-C or SIGTERM.

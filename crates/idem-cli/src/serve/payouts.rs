@@ -192,6 +192,8 @@ pub(crate) async fn create<B: Backend>(
 pub(crate) struct Provider {
     pub(crate) url: String,
     pub(crate) http: reqwest::Client,
+    /// How long one call may take (the client's timeout).
+    pub(crate) timeout: Duration,
     pub(crate) pause: Option<PausePoint>,
 }
 
@@ -203,6 +205,7 @@ impl Provider {
                 .timeout(timeout)
                 .build()
                 .expect("a plain HTTP client builds"),
+            timeout,
             pause,
         }
     }
