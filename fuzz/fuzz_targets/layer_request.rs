@@ -23,7 +23,6 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use idem_core::{AccountId, Policy, Scope};
-use idem_store::SqliteStore;
 use idem_tower::{IDEMPOTENT_REPLAYED, IdempotencyLayer};
 use libfuzzer_sys::fuzz_target;
 use tokio::runtime::Runtime;
@@ -51,14 +50,7 @@ thread_local! {
 
 impl Harness {
     fn new() -> Self {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a tokio runtime");
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let store = runtime
-            .block_on(SqliteStore::open(dir.path().join("fuzz.db")))
-            .expect("SqliteStore opens");
+        let (runtime, store, dir) = idem_fuzz::sqlite_harness();
         // A small body limit so the fuzzer reaches 413 with inputs of a few KiB.
         let policy = Policy {
             body_limit: 2048,

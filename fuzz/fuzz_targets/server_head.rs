@@ -19,7 +19,6 @@ use axum::Router;
 use bytes::Bytes;
 use http::{Request, Response};
 use idem_core::Policy;
-use idem_store::SqliteStore;
 use idem_tower::IdempotencyLayer;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -45,14 +44,7 @@ thread_local! {
 
 impl Harness {
     fn new() -> Self {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a tokio runtime");
-        let dir = tempfile::tempdir().expect("a temp dir");
-        let store = runtime
-            .block_on(SqliteStore::open(dir.path().join("fuzz.db")))
-            .expect("SqliteStore opens");
+        let (runtime, store, dir) = idem_fuzz::sqlite_harness();
         let policy = Policy {
             body_limit: 2048,
             ..Policy::default()
@@ -89,7 +81,12 @@ fn statuses(output: &[u8]) -> Vec<u16> {
             .headers
             .iter()
             .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-            .map(|h| std::str::from_utf8(h.value).unwrap().parse::<usize>().unwrap());
+            .map(|h| {
+                std::str::from_utf8(h.value)
+                    .unwrap()
+                    .parse::<usize>()
+                    .unwrap()
+            });
         let chunked = response.headers.iter().any(|h| {
             h.name.eq_ignore_ascii_case("transfer-encoding")
                 && h.value.eq_ignore_ascii_case(b"chunked")
@@ -120,11 +117,8 @@ fuzz_target!(|input: &[u8]| {
     HARNESS.with(|harness| {
         let output = harness.runtime.block_on(async {
             let (mut client, server) = tokio::io::duplex(64 * 1024);
-            let connection = idem_gateway::server::connection(
-                server,
-                harness.router.clone(),
-                HEAD_TIMEOUT,
-            );
+            let connection =
+                idem_gateway::server::connection(server, harness.router.clone(), HEAD_TIMEOUT);
             let served = tokio::spawn(connection);
             client.write_all(input).await.expect("the server reads");
             client.shutdown().await.expect("half-close");

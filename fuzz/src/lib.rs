@@ -230,3 +230,23 @@ fn string(s: &str, out: &mut String, rng: &mut Option<&mut Rng>) {
     }
     out.push('"');
 }
+
+/// A current-thread runtime and a `SqliteStore` on a fresh temporary file, for the targets
+/// that drive the layer. Built once per target: opening SQLite and migrating per input would
+/// dominate the run. The directory must outlive every call (scripts/fuzz.sh removes its
+/// TMPDIR afterwards).
+pub fn sqlite_harness() -> (
+    tokio::runtime::Runtime,
+    idem_store::SqliteStore,
+    tempfile::TempDir,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let store = runtime
+        .block_on(idem_store::SqliteStore::open(dir.path().join("fuzz.db")))
+        .expect("SqliteStore opens");
+    (runtime, store, dir)
+}
