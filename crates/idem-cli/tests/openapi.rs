@@ -432,8 +432,10 @@ async fn payout_failures_are_answers_the_document_lists() {
     assert!(replayed.replayed());
     assert_documented(&doc, "post", "/payouts", &replayed);
 
+    // The reconciler's lookup takes its time, so the retry below meets the unknown record.
     psp.set_faults(Faults {
         fail_next: 1,
+        lookup_delay_ms: 2000,
         ..Faults::default()
     })
     .await;
@@ -443,10 +445,12 @@ async fn payout_failures_are_answers_the_document_lists() {
         (502, "urn:idem:problem:outcome-unknown")
     );
     assert_documented(&doc, "post", "/payouts", &failed);
-    // Its record stays in progress, its lease held, until the reconciler resolves it: the
-    // retry gets 409.
+    // Its outcome is unknown until the reconciler has asked the provider: the retry gets 409.
     let pending = send(payout("openapi-payout-failed")).await;
-    assert_eq!(pending.status, 409);
+    assert_eq!(
+        (pending.status, pending.problem_type()),
+        (409, "urn:idem:problem:outcome-unknown")
+    );
     assert_documented(&doc, "post", "/payouts", &pending);
     server.stop().await;
 
