@@ -257,13 +257,19 @@ async fn execute(db: &Db, sql: &str) {
     .expect("execute")
 }
 
-/// Waits until the database holds `n` receipts (the worker commits them as it goes).
+/// Waits until the database holds `n` receipts (the worker commits them as it goes). Fails
+/// when no receipt arrives for [`PATIENCE`]: a stalled worker, not a slow machine, is the bug.
 async fn await_receipts(pool: &Db, n: i64, workers: &[&Proc]) {
-    let deadline = Instant::now() + PATIENCE;
+    let mut deadline = Instant::now() + PATIENCE;
+    let mut had = -1;
     loop {
         let have = count(pool, "SELECT count(*) FROM receipts").await;
         if have >= n {
             return;
+        }
+        if have > had {
+            had = have;
+            deadline = Instant::now() + PATIENCE;
         }
         if Instant::now() >= deadline {
             panic!(
