@@ -12,15 +12,28 @@ impl Drop for Proxy {
     }
 }
 
-fn start_proxy(dir: &std::path::Path, upstream: &str, extra: &[&str]) -> (Proxy, String) {
+/// Starts `idem proxy` from `dir`; returns it, the address it announced, and its stderr lines
+/// as they come.
+fn start_proxy(
+    dir: &std::path::Path,
+    upstream: &str,
+    extra: &[&str],
+) -> (Proxy, String, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
         .args(extra)
         .current_dir(dir)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (tx, log) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next().unwrap().unwrap();
     std::thread::spawn(move || lines.for_each(drop));
@@ -29,7 +42,7 @@ fn start_proxy(dir: &std::path::Path, upstream: &str, extra: &[&str]) -> (Proxy,
         .find(|w| w.starts_with("http://"))
         .unwrap()
         .to_owned();
-    (Proxy(child), url)
+    (Proxy(child), url, log)
 }
 
 async fn start_upstream() -> String {
@@ -47,7 +60,7 @@ async fn start_upstream() -> String {
 async fn the_proxy_answers_health_and_metrics_and_replays() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = start_upstream().await;
-    let (_proxy, url) = start_proxy(dir.path(), &upstream, &[]);
+    let (_proxy, url, _log) = start_proxy(dir.path(), &upstream, &[]);
     let client = reqwest::Client::new();
     let health: serde_json::Value = client
         .get(format!("{url}/healthz"))
@@ -97,7 +110,7 @@ async fn with_admin_listen_health_moves_off_the_main_listener() {
     let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let admin_addr = admin.local_addr().unwrap();
     drop(admin);
-    let (_proxy, url) = start_proxy(
+    let (_proxy, url, _log) = start_proxy(
         dir.path(),
         &upstream,
         &["--admin-listen", &admin_addr.to_string()],
@@ -180,28 +193,9 @@ async fn the_proxy_sweeps_expired_keys_on_sqlite() {
             .unwrap()
     );
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args([
-            "proxy",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            "http://127.0.0.1:1",
-        ])
-        .args(["--store", &format!("sqlite://{}", db.display())])
-        .current_dir(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let _proxy = Proxy(child);
+    let store_url = format!("sqlite://{}", db.display());
+    let (_proxy, _url, rx) =
+        start_proxy(dir.path(), "http://127.0.0.1:1", &["--store", &store_url]);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
