@@ -374,10 +374,16 @@ async fn worker_killed_between_commit_and_ack(broker: &str, kills: usize) {
     let namespace = Namespace::new(broker);
     let dir = tempfile::tempdir().unwrap();
     let database = format!("sqlite://{}", dir.path().join("idem.db").display());
-    // The worker creates the database and declares its subscription before anything is
-    // published, so no broker drops events for want of a consumer.
-    let mut first = worker(broker, namespace.name(), &database, &[]);
-    first.terminate();
+    // NATS and RabbitMQ drop events for want of a consumer: a worker declares its
+    // subscription before anything is published. Kafka keeps them (the publisher creates the
+    // topic and a new group starts at the earliest offset), and there a worker stopped while
+    // its group is still forming must be avoided: tansu's coordinator keeps a member that left
+    // mid-join as the group's leader, and every later member waits on that leader for ever
+    // (tansu 0.6, `leave` in the forming state; real Kafka ends the rebalance).
+    if broker != KAFKA {
+        let mut first = worker(broker, namespace.name(), &database, &[]);
+        first.terminate();
+    }
     // tansu (our Kafka) resumes a group at the record batch after the one holding the
     // committed offset, skipping the rest of that batch; one record per batch, as idem's relay
     // publishes, keeps its resumption exact. Real Kafka needs no such care.
@@ -426,9 +432,8 @@ async fn rabbitmq_worker_killed_between_commit_and_ack_writes_each_receipt_once(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_worker_killed_between_commit_and_ack_writes_each_receipt_once() {
-    // Each restart waits for the group to drop the dead member (the session timeout), and
-    // tansu's group coordinator once stalled a restarted member for over two minutes (1 run
-    // in 5 here): two kills keep the claim tested with less exposure to that.
+    // Each restart waits for the group to drop the dead member (the session timeout), so
+    // two kills keep the claim tested in fewer seconds than twelve.
     worker_killed_between_commit_and_ack(KAFKA, 2).await;
 }
 
