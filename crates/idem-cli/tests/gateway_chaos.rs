@@ -57,7 +57,7 @@ use idem_store::fault_relay::LATENCY_MAX;
 use journal::{Attempt, Via, tally};
 use load::{Clients, Load};
 use schedule::{Chaos, MAX_NET_FAULT, Target, per_kind};
-use settings::Settings;
+use settings::{Settings, first_failures};
 use tokio::time::Instant;
 
 /// Seconds of chaos by default: with the start, the settling (a lease, for the keys whose
@@ -363,11 +363,7 @@ fn check(load: &Load, attempts: &[Attempt], upstream: &Upstream, findings: &mut 
 async fn gateway_chaos_run_sends_each_key_upstream_as_promised() {
     let settings = Settings::from_env(DEFAULT_SECS);
     let (chaos_for, seed) = (settings.chaos, settings.seed);
-    let dir = tempfile::Builder::new()
-        .prefix("idem-gateway-chaos-")
-        .tempdir()
-        .expect("temp dir")
-        .keep();
+    let dir = Settings::new_dir("idem-gateway-chaos-");
     let log_path = dir.join("attempts.jsonl");
     eprintln!(
         "gateway chaos run: {chaos_for:?} of chaos, seed {seed} (IDEM_CHAOS_SEED={seed} replays \
@@ -476,13 +472,7 @@ async fn gateway_chaos_run_sends_each_key_upstream_as_promised() {
         findings.failures.is_empty(),
         "the gateway chaos run failed (log and proxy logs kept in {}):\n{}",
         dir.display(),
-        findings
-            .failures
-            .iter()
-            .take(20)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
+        first_failures(&findings.failures)
     );
     let kinds: HashSet<&str> = figures.windows.iter().map(|w| w.kind).collect();
     for kind in ["kill -9 one", "latency", "stall", "reset", "black hole"] {
@@ -492,7 +482,5 @@ async fn gateway_chaos_run_sends_each_key_upstream_as_promised() {
             figures.windows
         );
     }
-    if !settings.keep {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    settings.passed(&dir);
 }

@@ -57,7 +57,7 @@ use journal::*;
 use load::*;
 use processes::Cluster;
 use schedule::*;
-use settings::Settings;
+use settings::{Settings, first_failures};
 use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
 
@@ -97,12 +97,7 @@ const CLIENTS: Clients = Clients {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_run_keeps_one_payment_per_key_and_every_acknowledgement() {
     let settings = Settings::from_env(DEFAULT_SECS);
-    let dir = tempfile::Builder::new()
-        .prefix("idem-chaos-")
-        .tempdir()
-        .expect("temp dir")
-        // Kept unless the run passes: a failed run leaves its evidence behind.
-        .keep();
+    let dir = Settings::new_dir("idem-chaos-");
     let log_path = dir.join("attempts.jsonl");
     eprintln!(
         "chaos run: {:?} of chaos, seed {} (IDEM_CHAOS_SEED={} replays the schedule); log {}",
@@ -155,18 +150,10 @@ async fn chaos_run_keeps_one_payment_per_key_and_every_acknowledgement() {
         "the chaos run failed ({} findings; log and instance logs kept in {}):\n{}",
         findings.failures.len(),
         dir.display(),
-        findings
-            .failures
-            .iter()
-            .take(20)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
+        first_failures(&findings.failures)
     );
     assert_chaos_happened(&figures);
-    if !settings.keep {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    settings.passed(&dir);
 }
 
 /// Even the shortest run had every kind of chaos it is meant to have.
