@@ -16,42 +16,12 @@ impl Findings {
     }
 }
 
-/// Per kind of chaos step: how many steps, how many attempts were sent during them, and their
-/// answers; and the same for the attempts sent between steps.
-pub(crate) fn per_kind(windows: &[Window], attempts: &[Attempt]) -> String {
-    let mut kinds: BTreeMap<&str, (usize, Vec<&Attempt>)> = BTreeMap::new();
-    for window in windows {
-        kinds.entry(window.kind).or_default().0 += 1;
+impl Attempt {
+    /// The id of the payment the answer is about.
+    pub(crate) fn id(&self) -> Option<String> {
+        let body: serde_json::Value = serde_json::from_slice(&self.raw).ok()?;
+        body["id"].as_str().map(str::to_owned)
     }
-    for a in attempts.iter().filter(|a| a.via != Via::Cut) {
-        let during = windows
-            .iter()
-            .find(|w| (w.from_ms..=w.to_ms).contains(&a.sent_ms));
-        let kind = during.map_or("between steps", |w| w.kind);
-        kinds.entry(kind).or_default().1.push(a);
-    }
-    kinds
-        .iter()
-        .map(|(kind, (steps, sent))| {
-            format!(
-                "  {kind}: {steps} steps, {} requests, {:?}",
-                sent.len(),
-                tally(sent.iter().copied())
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Answers by label, for the figures.
-pub(crate) fn tally<'a>(
-    attempts: impl IntoIterator<Item = &'a Attempt>,
-) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for a in attempts {
-        *counts.entry(a.label()).or_default() += 1;
-    }
-    counts
 }
 
 /// The payments in the database, by key.
@@ -84,11 +54,11 @@ pub(crate) async fn count(db: &mut PgConnection, sql: &'static str) -> i64 {
 /// The checks on the log and the database, after the chaos and the settling.
 pub(crate) async fn check(load: &Load, cluster: &Cluster, findings: &mut Findings) -> Vec<Attempt> {
     let during = load.journal.attempts();
-    let (keys, acked) = check_answers(&during, findings);
+    let (keys, acked) = check_answers(load, &during, findings);
     let mut db = PgConnection::connect(&cluster.url)
         .await
         .expect("connect to the cluster");
-    check_database(&mut db, &keys, &acked, findings).await;
+    check_database(load, &mut db, &keys, &acked, findings).await;
     check_in_progress(&mut db, cluster, findings).await;
     let finals = check_final_replays(load, &mut db, &keys, &acked, findings).await;
     check_no_idle_transaction(&mut db, findings).await;
@@ -100,6 +70,7 @@ pub(crate) async fn check(load: &Load, cluster: &Cluster, findings: &mut Finding
 /// `201` per key, every `2xx` of a key the same bytes. Returns the keys sent and each key's
 /// first acknowledgement.
 fn check_answers<'a>(
+    load: &Load,
     during: &'a [Attempt],
     findings: &mut Findings,
 ) -> (BTreeMap<u32, ()>, BTreeMap<u32, &'a Attempt>) {
@@ -133,7 +104,7 @@ fn check_answers<'a>(
                 findings.lost_acks.insert(a.key);
                 findings.fail(format!(
                     "key {} acknowledged with different bodies: {:?} then {:?}",
-                    key_name(a.key),
+                    load.key_name(a.key),
                     first.body,
                     a.body
                 ));
@@ -149,7 +120,7 @@ fn check_answers<'a>(
     let twice: Vec<String> = fresh
         .iter()
         .filter(|(_, n)| **n > 1)
-        .map(|(key, n)| format!("{} ({n})", key_name(*key)))
+        .map(|(key, n)| format!("{} ({n})", load.key_name(*key)))
         .collect();
     if !twice.is_empty() {
         findings.fail(format!("keys with more than one fresh 201: {twice:?}"));
@@ -168,6 +139,7 @@ fn check_answers<'a>(
 
 /// The database as the chaos left it.
 async fn check_database(
+    load: &Load,
     db: &mut PgConnection,
     keys: &BTreeMap<u32, ()>,
     acked: &BTreeMap<u32, &Attempt>,
@@ -181,21 +153,21 @@ async fn check_database(
             findings.fail(format!("key {key} has {} payments: {ids:?}", ids.len()));
         }
     }
-    let sent: HashSet<String> = keys.keys().map(|k| key_name(*k)).collect();
+    let sent: HashSet<String> = keys.keys().map(|k| load.key_name(*k)).collect();
     let strangers: Vec<&String> = stored.keys().filter(|k| !sent.contains(*k)).collect();
     if !strangers.is_empty() {
         findings.fail(format!("payments for keys never sent: {strangers:?}"));
     }
     for (key, ack) in acked {
         let ids = stored
-            .get(&key_name(*key))
+            .get(&load.key_name(*key))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
         if ids.len() != 1 || ack.id().as_deref() != Some(ids[0].as_str()) {
             findings.lost_acks.insert(*key);
             findings.fail(format!(
                 "key {} was acknowledged with {:?} but the database holds {ids:?}",
-                key_name(*key),
+                load.key_name(*key),
                 ack.body
             ));
         }
@@ -242,14 +214,14 @@ async fn check_final_replays(
         match acked.get(&replay.key) {
             _ if !replay.created() => findings.fail(format!(
                 "the final replay of key {} got {:?}",
-                key_name(replay.key),
+                load.key_name(replay.key),
                 replay
             )),
             Some(ack) if !replay.replayed || replay.raw != ack.raw => {
                 findings.lost_acks.insert(replay.key);
                 findings.fail(format!(
                     "key {} acknowledged with {:?} at {:.0} ms; the final replay got {} {:?}",
-                    key_name(replay.key),
+                    load.key_name(replay.key),
                     ack.body,
                     ack.done_ms,
                     replay.label(),

@@ -1,7 +1,18 @@
 //! What the run records: every attempt and every chaos event, in memory for the checker and
-//! on disk as JSON lines.
+//! on disk as JSON lines. Both chaos runs (`chaos` and `gateway_chaos`) record this way.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use idem_store::fault_relay::Fault;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::schedule::Relays;
 
 /// How an attempt was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -24,7 +35,8 @@ pub(crate) struct Attempt {
     pub(crate) copy: u8,
     pub(crate) attempt: u32,
     pub(crate) via: Via,
-    /// Which instance slot (0 or 1), which of its processes (restarts count up), on what port.
+    /// Which instance slot (0 or 1), which of its processes (restarts count up), on what port
+    /// (an instance is an `idem serve`, or an `idem proxy` in the gateway's run).
     pub(crate) instance: usize,
     pub(crate) generation: u32,
     pub(crate) port: u16,
@@ -75,7 +87,8 @@ impl Attempt {
     }
 
     /// An answer the contract allows during chaos: a `201`, a refusal the client may retry
-    /// (`409`, `503`, each with `Retry-After`), or no answer at all, short of a hang.
+    /// (`409`, `503`, each with `Retry-After`), or no answer at all, short of a hang; never a
+    /// `500`, nor (through the gateway, to a healthy upstream) a `502` or `504`.
     pub(crate) fn allowed(&self) -> bool {
         match self.status {
             Some(201) => true,
@@ -83,11 +96,6 @@ impl Attempt {
             Some(_) => false,
             None => !self.timed_out,
         }
-    }
-
-    pub(crate) fn id(&self) -> Option<String> {
-        let body: serde_json::Value = serde_json::from_slice(&self.raw).ok()?;
-        body["id"].as_str().map(str::to_owned)
     }
 }
 
@@ -199,7 +207,19 @@ impl Journal {
         self.lock().attempts.clone()
     }
 
+    #[allow(dead_code)] // the gateway's run does not count its events
     pub(crate) fn events(&self) -> Vec<Event> {
         self.lock().events.clone()
     }
+}
+
+/// Answers by label, for the figures.
+pub(crate) fn tally<'a>(
+    attempts: impl IntoIterator<Item = &'a Attempt>,
+) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for a in attempts {
+        *counts.entry(a.label()).or_default() += 1;
+    }
+    counts
 }

@@ -1,7 +1,51 @@
 //! The load: payment intents, each sent as several concurrent copies retried until their
-//! `201`, some cut off mid-request on a raw socket, some sent again after their answer.
+//! `201`, some cut off mid-request on a raw socket, some sent again after their answer. Both
+//! chaos runs (`chaos` and `gateway_chaos`) drive it, each with [`Clients`] of its own.
 
-use super::*;
+use std::future::Future;
+use std::ops::RangeInclusive;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use idem_client::RetryPolicy;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::journal::{Attempt, Journal, Via};
+use crate::settings::Settings;
+
+/// The chance that a copy is sent again a little after it got its `201` (a client that lost
+/// the answer, or a user pressing "pay" twice): it must replay.
+pub(crate) const LATE_RETRY_CHANCE: f64 = 0.2;
+
+/// What a run's clients send, and how many: the part of the load that differs between runs.
+#[derive(Debug, Clone)]
+pub(crate) struct Clients {
+    /// Intents in flight at once, each with its copies.
+    pub(crate) workers: usize,
+    /// Copies of each key sent at once.
+    pub(crate) copies: RangeInclusive<u8>,
+    /// The chance that a copy's first attempt is cut off on a raw socket; `None`, never (and
+    /// no draw for it from the copy's plan).
+    pub(crate) cut_chance: Option<f64>,
+    /// Every attempt is `POST {path}` with this bearer token.
+    pub(crate) path: &'static str,
+    pub(crate) token: &'static str,
+    /// Key `n` is sent as `{key_prefix}{n:07}`.
+    pub(crate) key_prefix: &'static str,
+    /// An attempt still unanswered after this counts as hung.
+    pub(crate) attempt_timeout: Duration,
+    /// After the chaos ends, how long the copies still running may take to get their `201`.
+    pub(crate) settle: Duration,
+}
 
 /// Where a live instance listens.
 #[derive(Debug, Clone)]
@@ -38,6 +82,7 @@ impl Fleet {
 
 /// What every client task shares.
 pub(crate) struct Load {
+    pub(crate) clients: Clients,
     pub(crate) http: reqwest::Client,
     pub(crate) fleet: Fleet,
     pub(crate) journal: Journal,
@@ -53,10 +98,6 @@ pub(crate) struct Load {
     pub(crate) late: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-pub(crate) fn key_name(key: u32) -> String {
-    format!("chaos-{key:07}")
-}
-
 /// The same bytes on every attempt of a key: the fingerprint covers the body (canonicalised)
 /// and the content type.
 pub(crate) fn body_of(key: u32) -> String {
@@ -70,6 +111,58 @@ pub(crate) fn sub_seed(seed: u64, key: u32, copy: u8) -> u64 {
 }
 
 impl Load {
+    /// The clients of a run on `settings` whose chaos ends at `chaos_ends`, logging to
+    /// `log_path`.
+    pub(crate) fn new(
+        settings: &Settings,
+        clients: Clients,
+        log_path: &Path,
+        chaos_ends: Instant,
+    ) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(clients.attempt_timeout)
+                .build()
+                .expect("an HTTP client"),
+            fleet: Fleet::default(),
+            journal: Journal::create(log_path),
+            seed: settings.seed,
+            backoff: RetryPolicy {
+                base: Duration::from_millis(25),
+                cap: Duration::from_secs(1),
+                max_attempts: u32::MAX,
+                ..RetryPolicy::default()
+            },
+            chaos_ends,
+            gives_up: chaos_ends + clients.settle,
+            next_key: AtomicU32::new(0),
+            attempts: AtomicU64::new(0),
+            late: Mutex::default(),
+            clients,
+        }
+    }
+
+    /// The name key `key` is sent with.
+    pub(crate) fn key_name(&self, key: u32) -> String {
+        format!("{}{key:07}", self.clients.key_prefix)
+    }
+
+    /// The workers, while `schedule` runs the chaos; then waits for them and the late copies.
+    /// Returns when the schedule ended.
+    pub(crate) async fn under(self: &Arc<Self>, schedule: impl Future<Output = ()>) -> Instant {
+        let workers: Vec<_> = (0..self.clients.workers)
+            .map(|_| tokio::spawn(self.clone().worker()))
+            .collect();
+        schedule.await;
+        let ended = Instant::now();
+        for worker in workers {
+            worker.await.expect("a client worker panicked");
+        }
+        self.late_copies().await;
+        ended
+    }
+
     /// Takes keys one after another until the chaos ends.
     pub(crate) async fn worker(self: Arc<Self>) {
         while Instant::now() < self.chaos_ends {
@@ -80,7 +173,8 @@ impl Load {
 
     /// All copies of one key, at once.
     pub(crate) async fn key(self: &Arc<Self>, key: u32) {
-        let copies = StdRng::seed_from_u64(sub_seed(self.seed, key, 0)).random_range(COPIES);
+        let copies = StdRng::seed_from_u64(sub_seed(self.seed, key, 0))
+            .random_range(self.clients.copies.clone());
         join_all((1..=copies).map(|copy| self.copy(key, copy))).await;
     }
 
@@ -91,7 +185,11 @@ impl Load {
         let mut attempt = 0;
         // A little stagger: some copies arrive while the first is running, some just after.
         tokio::time::sleep(Duration::from_micros(rng.random_range(0..20_000))).await;
-        if rng.random_bool(CUT_CHANCE) {
+        if self
+            .clients
+            .cut_chance
+            .is_some_and(|chance| rng.random_bool(chance))
+        {
             attempt += 1;
             self.cut(key, copy, attempt, &mut rng).await;
         }
@@ -186,10 +284,10 @@ impl Load {
         let result = async {
             let response = self
                 .http
-                .post(format!("{}/payments", route.url))
-                .header(AUTHORIZATION, format!("Bearer {TOKEN}"))
+                .post(format!("{}{}", route.url, self.clients.path))
+                .header(AUTHORIZATION, format!("Bearer {}", self.clients.token))
                 .header(CONTENT_TYPE, "application/json")
-                .header("idempotency-key", key_name(key))
+                .header("idempotency-key", self.key_name(key))
                 .body(body_of(key))
                 .send()
                 .await?;
@@ -254,11 +352,13 @@ impl Load {
         };
         let body = body_of(key);
         let head = format!(
-            "POST /payments HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {TOKEN}\r\n\
+            "POST {} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nAuthorization: Bearer {}\r\n\
              Content-Type: application/json\r\nIdempotency-Key: {}\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n",
+            self.clients.path,
             route.port,
-            key_name(key),
+            self.clients.token,
+            self.key_name(key),
             body.len()
         );
         let request = [head.as_bytes(), body.as_bytes()].concat();

@@ -40,54 +40,30 @@ mod checks;
 mod journal;
 mod load;
 mod schedule;
+mod settings;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
 use checks::*;
 use futures_util::StreamExt;
-use futures_util::future::join_all;
-use idem_client::RetryPolicy;
 use idem_core::{Clock, SystemClock};
-use idem_store::fault_relay::{Direction, Fault, FaultRelay, LATENCY_MAX, RelayStats};
+use idem_store::fault_relay::LATENCY_MAX;
 use idem_store::{PgStore, Store};
 use journal::*;
 use load::*;
-use processes::{Cluster, Serve};
-use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use processes::Cluster;
 use schedule::*;
-use serde::Serialize;
+use settings::{Settings, first_failures};
 use sqlx::{Connection, PgConnection};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Seconds of chaos when `IDEM_CHAOS_SECS` is not set: with the cluster's start, the settling
 /// and the checks, about a minute, inside nextest's two-minute limit.
 const DEFAULT_SECS: u64 = 45;
-
-/// Intents in flight at once, each with its copies: enough to keep both instances and the
-/// database busy on a two-core CI machine without turning the run into a benchmark.
-const KEY_WORKERS: usize = 16;
-
-/// Copies of each key sent at once (inclusive range).
-const COPIES: std::ops::RangeInclusive<u8> = 2..=5;
-
-/// The chance that a copy's first attempt is cut off on a raw socket.
-const CUT_CHANCE: f64 = 0.3;
-
-/// The chance that a copy is sent again a little after it got its `201` (a client that lost
-/// the answer, or a user pressing "pay" twice): it must replay.
-const LATE_RETRY_CHANCE: f64 = 0.2;
 
 /// The longest the service may take to answer while the network to its database works: every
 /// wait in it is bounded well below this (lock wait 10 s, pool 5 s), and a killed process or
@@ -104,50 +80,24 @@ const ATTEMPT_TIMEOUT: Duration = SERVICE_BOUND
 /// After the chaos ends, how long the copies still running may take to get their `201`.
 const SETTLE: Duration = Duration::from_secs(60);
 
-/// A session idle inside a transaction for longer than this, seen during the run, is a leak: a
-/// request's transaction is idle only between its own statements, for milliseconds.
-const LINGER_SECS: i64 = 15;
-
-const TOKEN: &str = "sk_test_alice";
-
-/// The run's settings, from the environment.
-#[derive(Debug, Clone, Copy)]
-struct Settings {
-    chaos: Duration,
-    seed: u64,
-    keep: bool,
-}
-
-impl Settings {
-    fn from_env() -> Self {
-        let secs = std::env::var("IDEM_CHAOS_SECS").map_or(DEFAULT_SECS, |s| {
-            s.parse()
-                .unwrap_or_else(|_| panic!("IDEM_CHAOS_SECS={s:?} is not a number of seconds"))
-        });
-        let seed = std::env::var("IDEM_CHAOS_SEED").map_or_else(
-            |_| rand::random(),
-            |s| {
-                s.parse()
-                    .unwrap_or_else(|_| panic!("IDEM_CHAOS_SEED={s:?} is not a u64"))
-            },
-        );
-        Self {
-            chaos: Duration::from_secs(secs),
-            seed,
-            keep: std::env::var_os("IDEM_CHAOS_KEEP").is_some_and(|v| !v.is_empty() && v != "0"),
-        }
-    }
-}
+/// The clients: intents in flight at once (`workers`), each with its copies, enough to keep
+/// both instances and the database busy on a two-core CI machine without turning the run into
+/// a benchmark; a third of the copies cut off on their first attempt.
+const CLIENTS: Clients = Clients {
+    workers: 16,
+    copies: 2..=5,
+    cut_chance: Some(0.3),
+    path: "/payments",
+    token: "sk_test_alice",
+    key_prefix: "chaos-",
+    attempt_timeout: ATTEMPT_TIMEOUT,
+    settle: SETTLE,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_run_keeps_one_payment_per_key_and_every_acknowledgement() {
-    let settings = Settings::from_env();
-    let dir = tempfile::Builder::new()
-        .prefix("idem-chaos-")
-        .tempdir()
-        .expect("temp dir")
-        // Kept unless the run passes: a failed run leaves its evidence behind.
-        .keep();
+    let settings = Settings::from_env(DEFAULT_SECS);
+    let dir = Settings::new_dir("idem-chaos-");
     let log_path = dir.join("attempts.jsonl");
     eprintln!(
         "chaos run: {:?} of chaos, seed {} (IDEM_CHAOS_SEED={} replays the schedule); log {}",
@@ -160,18 +110,11 @@ async fn chaos_run_keeps_one_payment_per_key_and_every_acknowledgement() {
     let cluster = tokio::task::block_in_place(Cluster::start);
 
     let chaos_ends = Instant::now() + settings.chaos;
-    let load = Arc::new(new_load(&settings, &log_path, chaos_ends));
-    let mut chaos = Chaos::start(&cluster, &load, settings.seed, &dir).await;
+    let load = Arc::new(Load::new(&settings, CLIENTS, &log_path, chaos_ends));
+    let mut chaos = Chaos::start(Target::Serve(&cluster), &load, settings.seed, &dir).await;
 
-    let workers: Vec<_> = (0..KEY_WORKERS)
-        .map(|_| tokio::spawn(load.clone().worker()))
-        .collect();
-    chaos.run().await;
-    let chaos_took = started.elapsed();
-    for worker in workers {
-        worker.await.expect("a client worker panicked");
-    }
-    load.late_copies().await;
+    let chaos_over = load.under(chaos.run()).await;
+    let chaos_took = chaos_over - started;
     let settled_after = Instant::now() - chaos_ends;
 
     let mut findings = Findings::default();
@@ -207,18 +150,10 @@ async fn chaos_run_keeps_one_payment_per_key_and_every_acknowledgement() {
         "the chaos run failed ({} findings; log and instance logs kept in {}):\n{}",
         findings.failures.len(),
         dir.display(),
-        findings
-            .failures
-            .iter()
-            .take(20)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
+        first_failures(&findings.failures)
     );
     assert_chaos_happened(&figures);
-    if !settings.keep {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    settings.passed(&dir);
 }
 
 /// Even the shortest run had every kind of chaos it is meant to have.
@@ -231,31 +166,6 @@ fn assert_chaos_happened(figures: &Figures) {
         figures.kills > 0 && figures.pg_restarts > 0,
         "the run was too short for chaos: {figures:?}"
     );
-}
-
-/// The client side of the run, on its settings.
-fn new_load(settings: &Settings, log_path: &Path, chaos_ends: Instant) -> Load {
-    Load {
-        http: reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(ATTEMPT_TIMEOUT)
-            .build()
-            .expect("an HTTP client"),
-        fleet: Fleet::default(),
-        journal: Journal::create(log_path),
-        seed: settings.seed,
-        backoff: RetryPolicy {
-            base: Duration::from_millis(25),
-            cap: Duration::from_secs(1),
-            max_attempts: u32::MAX,
-            ..RetryPolicy::default()
-        },
-        chaos_ends,
-        gives_up: chaos_ends + SETTLE,
-        next_key: AtomicU32::new(0),
-        attempts: AtomicU64::new(0),
-        late: Mutex::default(),
-    }
 }
 
 /// What the run prints at its end.

@@ -1,7 +1,87 @@
-//! The process side of the run: the cluster, the instances, the fault relays between them
-//! and the cluster, and the seeded schedule of kills, crashes and network faults.
+//! The process side of a run: the instances (`idem serve` on the run's PostgreSQL cluster, or
+//! `idem proxy` on Redis in the gateway's run), the fault relays between them and their store,
+//! and the seeded schedule of kills, crashes and network faults.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::ops::{Deref, DerefMut, Range};
+use std::path::Path;
+use std::time::Duration;
+
+use idem_store::fault_relay::{Direction, Fault, FaultRelay, RelayStats};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use sqlx::{Connection, PgConnection};
+use tokio::time::Instant;
+
+use crate::journal::{Attempt, Via, tally};
+use crate::load::{Load, Route, sub_seed};
+use crate::processes::{Cluster, Idem, Proxy, Serve};
+
+/// A session idle inside a transaction for longer than this, seen during the run, is a leak: a
+/// request's transaction is idle only between its own statements, for milliseconds.
+pub(crate) const LINGER_SECS: i64 = 15;
+
+/// What the schedule starts, kills and restarts, and the store behind their relays.
+#[allow(dead_code)] // each test binary (`chaos`, `gateway_chaos`) builds one of the two
+pub(crate) enum Target<'a> {
+    /// `idem serve` on the run's own PostgreSQL cluster, which the schedule crashes too and
+    /// watches for sessions left idle in a transaction.
+    Serve(&'a Cluster),
+    /// `idem proxy` in front of `upstream`, on the Redis at `redis`, with `args` after its
+    /// `--store` (the key prefix, the secret…). Redis keeps running: a restart of one that
+    /// keeps nothing on disk forgets every key, which is outside what the gateway promises.
+    Proxy {
+        redis: SocketAddr,
+        upstream: String,
+        args: Vec<String>,
+    },
+}
+
+impl Target<'_> {
+    /// What the figures and the failures call one of the processes.
+    fn noun(&self) -> &'static str {
+        match self {
+            Target::Serve(_) => "instance",
+            Target::Proxy { .. } => "proxy",
+        }
+    }
+
+    /// The pause between two steps: long enough for the load to meet the last one's aftermath.
+    fn gaps(&self) -> Range<u64> {
+        match self {
+            Target::Serve(_) => 1_000..4_000,
+            Target::Proxy { .. } => 500..2_500,
+        }
+    }
+}
+
+/// A running instance of either kind.
+#[allow(dead_code)] // each test binary starts one of the two
+pub(crate) enum Instance {
+    Serve(Serve),
+    Proxy(Proxy),
+}
+
+impl Deref for Instance {
+    type Target = Idem;
+    fn deref(&self) -> &Idem {
+        match self {
+            Instance::Serve(serve) => serve,
+            Instance::Proxy(proxy) => proxy,
+        }
+    }
+}
+
+impl DerefMut for Instance {
+    fn deref_mut(&mut self) -> &mut Idem {
+        match self {
+            Instance::Serve(serve) => serve,
+            Instance::Proxy(proxy) => proxy,
+        }
+    }
+}
 
 /// What the chaos schedule did.
 #[derive(Debug, Default)]
@@ -27,14 +107,14 @@ pub(crate) struct Window {
     pub(crate) to_ms: f64,
 }
 
-/// The process side of the run: the cluster, the instances, the relays between them and the
-/// cluster, the seeded schedule.
+/// The process side of the run: the instances, the relays between them and their store, the
+/// seeded schedule.
 pub(crate) struct Chaos<'a> {
-    pub(crate) cluster: &'a Cluster,
+    pub(crate) target: Target<'a>,
     pub(crate) load: &'a Load,
-    /// Relay `i` carries every connection of instance slot `i` to PostgreSQL, across restarts.
+    /// Relay `i` carries every connection of instance slot `i` to the store, across restarts.
     pub(crate) relays: [FaultRelay; 2],
-    pub(crate) instances: [Option<Serve>; 2],
+    pub(crate) instances: [Option<Instance>; 2],
     pub(crate) generations: [u32; 2],
     pub(crate) rng: StdRng,
     pub(crate) dir: &'a Path,
@@ -49,11 +129,11 @@ pub(crate) enum Step {
     KillOne(usize),
     /// Both at once: for a while no instance answers at all.
     KillBoth,
-    /// PostgreSQL stops with `-m immediate`, starts again after `down`.
+    /// PostgreSQL stops with `-m immediate`, starts again after `down` (`idem serve` only).
     CrashPostgres,
     /// PostgreSQL crashes, and an instance is killed while it is down.
     CrashPostgresAndKill(usize),
-    /// A network fault between instances and PostgreSQL, for `period`.
+    /// A network fault between instances and their store, for `period`.
     Net(Fault, Relays, Duration),
 }
 
@@ -95,19 +175,24 @@ impl Step {
 pub(crate) const MAX_NET_FAULT: Duration = Duration::from_secs(5);
 
 impl<'a> Chaos<'a> {
+    /// Starts the relays to the target's store and both instances.
     pub(crate) async fn start(
-        cluster: &'a Cluster,
+        target: Target<'a>,
         load: &'a Load,
         seed: u64,
         dir: &'a Path,
     ) -> Self {
-        let relay = |n: u64| FaultRelay::start(cluster.addr(), sub_seed(seed, u32::MAX, n as u8));
+        let store = match &target {
+            Target::Serve(cluster) => cluster.addr(),
+            Target::Proxy { redis, .. } => *redis,
+        };
+        let relay = |n: u64| FaultRelay::start(store, sub_seed(seed, u32::MAX, n as u8));
         let relays = [
             relay(0).await.expect("a relay"),
             relay(1).await.expect("a relay"),
         ];
         let mut chaos = Self {
-            cluster,
+            target,
             load,
             relays,
             instances: [None, None],
@@ -128,9 +213,24 @@ impl<'a> Chaos<'a> {
     }
 
     pub(crate) async fn start_instance(&mut self, slot: usize) {
-        let database = format!("postgres://postgres@{}/postgres", self.relays[slot].addr());
-        let serve = Serve::start(&database).await;
-        let port = serve
+        let store = self.relays[slot].addr();
+        let instance = match &self.target {
+            Target::Serve(_) => {
+                let database = format!("postgres://postgres@{store}/postgres");
+                Instance::Serve(Serve::start(&database).await)
+            }
+            Target::Proxy { upstream, args, .. } => {
+                let store = format!("redis://{store}/0");
+                let mut all = vec!["--store", &store];
+                all.extend(args.iter().map(String::as_str));
+                let log = self.dir.join(format!(
+                    "proxy-{slot}-generation-{}.log",
+                    self.generations[slot]
+                ));
+                Instance::Proxy(Proxy::start_proxy(self.dir, upstream, &all, log).await)
+            }
+        };
+        let port = instance
             .url
             .rsplit(':')
             .next()
@@ -141,21 +241,21 @@ impl<'a> Chaos<'a> {
             Some(Route {
                 slot,
                 generation: self.generations[slot],
-                url: serve.url.clone(),
+                url: instance.url.clone(),
                 port,
             }),
         );
-        self.instances[slot] = Some(serve);
+        self.instances[slot] = Some(instance);
         self.load.journal.event("start", Some(self.route(slot)));
     }
 
     pub(crate) fn kill(&mut self, slot: usize) {
         let route = self.route(slot);
-        let mut serve = self.instances[slot].take().expect("the instance runs");
+        let mut instance = self.instances[slot].take().expect("the instance runs");
         // Out of the table first: a client that picked it just before still meets the kill.
         self.load.fleet.set(slot, None);
-        tokio::task::block_in_place(|| serve.kill());
-        self.save_log(slot, &serve);
+        tokio::task::block_in_place(|| instance.kill());
+        self.save_log(slot, &instance);
         self.generations[slot] += 1;
         self.figures.kills += 1;
         self.load.journal.event("kill -9", Some(route));
@@ -166,38 +266,54 @@ impl<'a> Chaos<'a> {
         self.figures.instance_restarts += 1;
     }
 
+    /// The run's cluster; only `idem serve` has one, and only its schedule crashes it.
+    pub(crate) fn cluster(&self) -> &'a Cluster {
+        match self.target {
+            Target::Serve(cluster) => cluster,
+            Target::Proxy { .. } => unreachable!("the gateway's run has no database to crash"),
+        }
+    }
+
     pub(crate) fn crash_postgres(&mut self) {
         self.watcher = None;
-        tokio::task::block_in_place(|| self.cluster.crash());
+        let cluster = self.cluster();
+        tokio::task::block_in_place(|| cluster.crash());
         self.load.journal.event("postgres stop -m immediate", None);
     }
 
     pub(crate) fn start_postgres(&mut self) {
-        tokio::task::block_in_place(|| self.cluster.start_again());
+        let cluster = self.cluster();
+        tokio::task::block_in_place(|| cluster.start_again());
         self.figures.pg_restarts += 1;
         self.load.journal.event("postgres start", None);
     }
 
-    pub(crate) fn save_log(&self, slot: usize, serve: &Serve) {
-        let path = self.dir.join(format!(
-            "instance-{slot}-generation-{}.log",
-            self.generations[slot]
-        ));
-        std::fs::write(path, serve.log()).expect("save an instance's log");
+    /// Keeps an instance's log in the run's directory: `idem serve` writes it into a directory
+    /// of its own, which goes with it; a proxy writes it there already.
+    pub(crate) fn save_log(&self, slot: usize, instance: &Instance) {
+        if let Instance::Serve(serve) = instance {
+            let path = self.dir.join(format!(
+                "instance-{slot}-generation-{}.log",
+                self.generations[slot]
+            ));
+            std::fs::write(path, serve.log()).expect("save an instance's log");
+        }
     }
 
     pub(crate) fn down_time(&mut self, max_ms: u64) -> Duration {
         Duration::from_millis(self.rng.random_range(100..=max_ms))
     }
 
-    /// Runs the schedule until the chaos ends; leaves both instances and PostgreSQL up.
+    /// Runs the schedule until the chaos ends; leaves both instances and their store up.
     pub(crate) async fn run(&mut self) {
-        // The first steps are one kill, one crash and one of each network fault, in a random
-        // order, so that even a short run has them all; then steps at random.
-        let mut steps = vec![
-            Step::KillOne(self.rng.random_range(0..2)),
-            Step::CrashPostgres,
-        ];
+        // The first steps are one kill, one crash (of PostgreSQL, where there is one) and one
+        // of each network fault, in a random order, so that even a short run has them all;
+        // then steps at random.
+        let crashes = matches!(self.target, Target::Serve(_));
+        let mut steps = vec![Step::KillOne(self.rng.random_range(0..2))];
+        if crashes {
+            steps.push(Step::CrashPostgres);
+        }
         for fault in [
             Fault::Latency,
             Fault::Stall(Direction::Both),
@@ -208,7 +324,7 @@ impl<'a> Chaos<'a> {
         }
         steps.shuffle(&mut self.rng);
         while Instant::now() < self.load.chaos_ends {
-            let gap = Duration::from_millis(self.rng.random_range(1_000..4_000));
+            let gap = Duration::from_millis(self.rng.random_range(self.target.gaps()));
             self.watch_until(Instant::now() + gap).await;
             if Instant::now() >= self.load.chaos_ends {
                 break;
@@ -218,8 +334,8 @@ impl<'a> Chaos<'a> {
                 match self.rng.random_range(0..100) {
                     0..25 => Step::KillOne(slot),
                     25..30 => Step::KillBoth,
-                    30..45 => Step::CrashPostgres,
-                    45..50 => Step::CrashPostgresAndKill(slot),
+                    30..45 if crashes => Step::CrashPostgres,
+                    45..50 if crashes => Step::CrashPostgresAndKill(slot),
                     _ => self.net_step(None),
                 }
             });
@@ -313,15 +429,16 @@ impl<'a> Chaos<'a> {
         for slot in 0..2 {
             let exited = self.instances[slot]
                 .as_mut()
-                .is_some_and(|serve| !serve.is_running());
+                .is_some_and(|instance| !instance.is_running());
             if exited {
-                let serve = self.instances[slot].take().expect("checked above");
+                let instance = self.instances[slot].take().expect("checked above");
                 self.load.fleet.set(slot, None);
-                self.save_log(slot, &serve);
+                self.save_log(slot, &instance);
                 self.figures.died.push(format!(
-                    "instance {slot} generation {} exited by itself; its log:\n{}",
+                    "{} {slot} generation {} exited by itself; its log:\n{}",
+                    self.target.noun(),
                     self.generations[slot],
-                    serve.log()
+                    instance.log()
                 ));
                 self.generations[slot] += 1;
             }
@@ -329,21 +446,25 @@ impl<'a> Chaos<'a> {
     }
 
     /// Waits until `until`, looking every second for sessions idle in a transaction for
-    /// longer than any request takes.
+    /// longer than any request takes (where there is a database to look in).
     pub(crate) async fn watch_until(&mut self, until: Instant) {
+        let Target::Serve(cluster) = self.target else {
+            tokio::time::sleep_until(until).await;
+            return;
+        };
         loop {
             let now = Instant::now();
             if now >= until {
                 return;
             }
             tokio::time::sleep((until - now).min(Duration::from_secs(1))).await;
-            self.look_for_lingering().await;
+            self.look_for_lingering(cluster).await;
         }
     }
 
-    pub(crate) async fn look_for_lingering(&mut self) {
+    pub(crate) async fn look_for_lingering(&mut self, cluster: &Cluster) {
         if self.watcher.is_none() {
-            self.watcher = PgConnection::connect(&self.cluster.url).await.ok();
+            self.watcher = PgConnection::connect(&cluster.url).await.ok();
         }
         let Some(watcher) = self.watcher.as_mut() else {
             return;
@@ -370,10 +491,37 @@ impl<'a> Chaos<'a> {
         self.check_alive();
         self.figures.relays = self.relays.iter().map(FaultRelay::stats).collect();
         for slot in 0..2 {
-            if let Some(serve) = self.instances[slot].take() {
-                self.save_log(slot, &serve);
+            if let Some(instance) = self.instances[slot].take() {
+                self.save_log(slot, &instance);
             }
         }
         self.figures
     }
+}
+
+/// Per kind of chaos step: how many steps, how many attempts were sent during them, and their
+/// answers; and the same for the attempts sent between steps.
+pub(crate) fn per_kind(windows: &[Window], attempts: &[Attempt]) -> String {
+    let mut kinds: BTreeMap<&str, (usize, Vec<&Attempt>)> = BTreeMap::new();
+    for window in windows {
+        kinds.entry(window.kind).or_default().0 += 1;
+    }
+    for a in attempts.iter().filter(|a| a.via != Via::Cut) {
+        let during = windows
+            .iter()
+            .find(|w| (w.from_ms..=w.to_ms).contains(&a.sent_ms));
+        let kind = during.map_or("between steps", |w| w.kind);
+        kinds.entry(kind).or_default().1.push(a);
+    }
+    kinds
+        .iter()
+        .map(|(kind, (steps, sent))| {
+            format!(
+                "  {kind}: {steps} steps, {} requests, {:?}",
+                sent.len(),
+                tally(sent.iter().copied())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
