@@ -19,10 +19,10 @@ use idem_core::{Clock, SystemClock};
 use idem_store::{PgStore, SqliteStore};
 use serde::Deserialize;
 
-use crate::serve::{Receipt, ServiceBackend, redact};
-
-/// The consumer group (and inbox name) receipts are written under.
-pub const DEFAULT_CONSUMER: &str = "receipts";
+pub use crate::runtime::DEFAULT_CONSUMER;
+use crate::runtime::{PAYMENTS_TOPIC, metrics_handle, shutdown_signal};
+use crate::serve::{Receipt, ServiceBackend};
+use crate::store_url::{StoreUrl, redact};
 
 /// `idem worker` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -68,14 +68,10 @@ pub struct WorkerArgs {
 
 /// Runs `idem worker` until Ctrl-C or SIGTERM.
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
-    match crate::store_url::StoreUrl::parse_database(&args.database)? {
-        crate::store_url::StoreUrl::Sqlite(url) => {
-            work(SqliteStore::open_service(&url).await?, &args).await
-        }
-        crate::store_url::StoreUrl::Postgres(url) => {
-            work(PgStore::open_service(&url).await?, &args).await
-        }
-        crate::store_url::StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
+    match StoreUrl::parse_database(&args.database)? {
+        StoreUrl::Sqlite(url) => work(SqliteStore::open_service(&url).await?, &args).await,
+        StoreUrl::Postgres(url) => work(PgStore::open_service(&url).await?, &args).await,
+        StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
     }
 }
 
@@ -83,7 +79,7 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     let mut settings = BrokerSettings::new(
         args.broker.clone(),
         args.broker_namespace.clone(),
-        crate::serve::PAYMENTS_TOPIC,
+        PAYMENTS_TOPIC,
         args.consumer.clone(),
     );
     settings.delivery_limit = args.delivery_limit;
@@ -91,7 +87,7 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     settings.session_timeout = Duration::from_millis(args.session_timeout_ms);
 
     if let Some(addr) = args.metrics_listen {
-        let metrics = crate::serve::metrics_handle();
+        let metrics = metrics_handle();
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr} for metrics"))?;
@@ -105,7 +101,7 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
         tokio::spawn(async move { axum::serve(listener, router).await });
     } else {
         // Counters still count (and show in the summary) without an exporter.
-        crate::serve::metrics_handle();
+        metrics_handle();
     }
 
     // Old inbox rows go in batches, every hour, from any worker (deletes are idempotent).
@@ -131,7 +127,7 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
         .with_context(|| format!("cannot subscribe on {}", redact(&settings.url)))?;
     eprintln!(
         "idem worker: consuming {} events from {} as {:?} (database {})",
-        crate::serve::PAYMENTS_TOPIC,
+        PAYMENTS_TOPIC,
         redact(&settings.url),
         args.consumer,
         redact(&args.database)
@@ -145,9 +141,7 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     };
     let consumer =
         Consumer::new(args.consumer.clone(), handler).with_delivery_limit(args.delivery_limit);
-    let stats = consumer
-        .run(&mut subscription, crate::serve::shutdown_signal())
-        .await;
+    let stats = consumer.run(&mut subscription, shutdown_signal()).await;
     expiry.abort();
     let stats = stats.context("the broker failed")?;
     eprintln!(

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -15,11 +15,13 @@ use axum::routing::get;
 use idem_core::{AccountId, Clock, Policy, SystemClock};
 use idem_store::{PgStore, SqliteStore};
 
-use self::backend::Backend;
-use crate::store_url::StoreUrl;
 use idem_tower::IdempotencyLayer;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+
+use self::backend::Backend;
+use crate::runtime::{self, metrics_handle, shutdown_signal};
+use crate::store_url::{StoreUrl, redact};
 
 mod auth;
 mod backend;
@@ -29,8 +31,7 @@ mod payments;
 mod payouts;
 mod relay;
 
-pub(crate) use backend::{Backend as ServiceBackend, Receipt, redact};
-pub(crate) use payments::PAYMENTS_TOPIC;
+pub(crate) use backend::{Backend as ServiceBackend, Receipt};
 pub use payouts::PausePoint;
 
 /// `idem serve` flags.
@@ -191,8 +192,8 @@ impl ServeConfig {
             idem_consumer::any::BrokerSettings::new(
                 url.clone(),
                 args.broker_namespace.clone(),
-                payments::PAYMENTS_TOPIC,
-                crate::worker::DEFAULT_CONSUMER,
+                runtime::PAYMENTS_TOPIC,
+                runtime::DEFAULT_CONSUMER,
             )
         });
         config.relay_poll = Duration::from_millis(args.relay_poll_ms);
@@ -213,7 +214,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!(
         "idem serve: listening on http://{} (database {})",
         listener.local_addr()?,
-        backend::redact(&config.database)
+        redact(&config.database)
     );
     for (token, account) in accounts {
         println!("  sandbox token {token} -> account {account}");
@@ -227,7 +228,7 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    match crate::store_url::StoreUrl::parse_database(&config.database)? {
+    match StoreUrl::parse_database(&config.database)? {
         StoreUrl::Sqlite(url) => {
             let store = SqliteStore::open_service(&url).await?;
             serve_on(store, listener, &config, shutdown).await
@@ -271,15 +272,13 @@ async fn serve_on<B: Backend>(
         Some(settings) => {
             let publisher = idem_consumer::any::AnyPublisher::connect(settings)
                 .await
-                .with_context(|| {
-                    format!("cannot reach the broker {}", backend::redact(&settings.url))
-                })?;
+                .with_context(|| format!("cannot reach the broker {}", redact(&settings.url)))?;
             let publisher =
                 relay::PausingPublisher::new(publisher, config.fault_pause_after_publish);
             let relay = idem_consumer::Relay::new(store.write_pool().clone(), publisher)
                 .with_poll_interval(config.relay_poll)
                 .with_clock(config.clock.clone());
-            tracing::info!(broker = %backend::redact(&settings.url), "relaying payment events from the outbox");
+            tracing::info!(broker = %redact(&settings.url), "relaying payment events from the outbox");
             let relay = Arc::new(relay);
             let expiring = relay.clone();
             // Sent rows are kept a while (to look into what was announced), then deleted in
@@ -311,7 +310,7 @@ async fn serve_on<B: Backend>(
         provider: payouts::Provider::new(psp_url, config.psp_timeout, config.fault_pause),
     };
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, database = %backend::redact(&config.database), "idem serve listening");
+    tracing::info!(%addr, database = %redact(&config.database), "idem serve listening");
 
     // The sweeper: every instance may run it; each statement deletes at most 1,000 rows.
     let sweeper = crate::sweeper::spawn(app.store.clone(), config.clock.clone());
@@ -431,20 +430,6 @@ impl<B: Backend> App<B> {
     }
 }
 
-/// The process has one metrics recorder; every server in it (tests start several) shares it.
-pub(crate) fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Fails only if another recorder is installed; then this one just stays empty.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
-}
-
 async fn healthz<B: Backend>(State(app): State<App<B>>) -> Response {
     match app.store.ping().await {
         Ok(_) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
@@ -457,14 +442,7 @@ async fn healthz<B: Backend>(State(app): State<App<B>>) -> Response {
 }
 
 async fn metrics<B: Backend>(State(app): State<App<B>>) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        app.metrics.render(),
-    )
-        .into_response()
+    runtime::metrics_response(&app.metrics)
 }
 
 async fn policy<B: Backend>(State(app): State<App<B>>) -> Response {
@@ -482,27 +460,4 @@ async fn policy<B: Backend>(State(app): State<App<B>>) -> Response {
         "reconcile_every_seconds": app.reconciliation.period().as_secs_f64(),
     });
     axum::Json(published).into_response()
-}
-
-/// Completes on Ctrl-C or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
-    }
-    tracing::info!("shutting down");
 }
