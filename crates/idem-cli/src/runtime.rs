@@ -5,7 +5,10 @@
 //! It depends on no command, so `serve`, `worker`, `fake-psp`, `proxy` and `keys` can all
 //! depend on it without depending on each other.
 
+use std::net::SocketAddr;
 use std::sync::OnceLock;
+
+use anyhow::Context as _;
 
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -40,6 +43,24 @@ pub(crate) fn metrics_response(metrics: &PrometheusHandle) -> Response {
         metrics.render(),
     )
         .into_response()
+}
+
+/// Serves the recorder's figures at `http://addr/metrics`, in a task of its own (`idem worker
+/// --metrics-listen`).
+pub(crate) async fn export_metrics(addr: SocketAddr) -> anyhow::Result<()> {
+    let metrics = metrics_handle();
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr} for metrics"))?;
+    let router = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move { metrics.render() }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(())
 }
 
 /// Completes on Ctrl-C or SIGTERM.

@@ -18,9 +18,10 @@ use idem_consumer::{Consumer, Handled, Handler, HandlerError, Inbox, Message, Pr
 use idem_core::{Clock, SystemClock};
 use idem_store::{PgStore, SqliteStore};
 use serde::Deserialize;
+use tokio::task::JoinHandle;
 
 pub use crate::runtime::DEFAULT_CONSUMER;
-use crate::runtime::{PAYMENTS_TOPIC, metrics_handle, shutdown_signal};
+use crate::runtime::{PAYMENTS_TOPIC, export_metrics, metrics_handle, shutdown_signal};
 use crate::serve::{Receipt, ServiceBackend};
 use crate::store_url::{StoreUrl, redact};
 
@@ -87,40 +88,15 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     settings.session_timeout = Duration::from_millis(args.session_timeout_ms);
 
     if let Some(addr) = args.metrics_listen {
-        let metrics = metrics_handle();
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} for metrics"))?;
-        let router = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let metrics = metrics.clone();
-                async move { metrics.render() }
-            }),
-        );
-        tokio::spawn(async move { axum::serve(listener, router).await });
+        export_metrics(addr).await?;
     } else {
         // Counters still count (and show in the summary) without an exporter.
         metrics_handle();
     }
-
-    // Old inbox rows go in batches, every hour, from any worker (deletes are idempotent).
-    let expiry = {
-        let pool = store.write_pool().clone();
-        let retention = Duration::from_secs(args.inbox_retention_hours * 3600);
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(3600));
-            loop {
-                every.tick().await;
-                let now = SystemClock.now().0;
-                match Inbox::expire(&pool, retention, now, 1000).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(deleted = n, "expired old inbox rows"),
-                    Err(e) => tracing::warn!(error = %e, "expiring inbox rows failed"),
-                }
-            }
-        })
-    };
+    let expiry = spawn_inbox_expiry(
+        &store,
+        Duration::from_secs(args.inbox_retention_hours * 3600),
+    );
 
     let mut subscription = AnySubscription::connect(&settings)
         .await
@@ -149,6 +125,23 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
         stats.applied, stats.duplicates, stats.retried, stats.dead_lettered
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Old inbox rows go in batches, every hour, from any worker (deletes are idempotent).
+fn spawn_inbox_expiry<B: ServiceBackend>(store: &B, retention: Duration) -> JoinHandle<()> {
+    let pool = store.write_pool().clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            every.tick().await;
+            let now = SystemClock.now().0;
+            match Inbox::expire(&pool, retention, now, 1000).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "expired old inbox rows"),
+                Err(e) => tracing::warn!(error = %e, "expiring inbox rows failed"),
+            }
+        }
+    })
 }
 
 /// The body of a `payment.succeeded` event.

@@ -249,15 +249,7 @@ async fn serve_on<B: Backend>(
 ) -> anyhow::Result<()> {
     let psp_url = match &config.psp_url {
         Some(url) => url.clone(),
-        None => {
-            // A newcomer's `idem serve` pays out through a fake provider of its own.
-            let listener = TcpListener::bind("127.0.0.1:0").await?;
-            let url = format!("http://{}", listener.local_addr()?);
-            let psp = crate::fake_psp::FakePsp::default();
-            tokio::spawn(async move { axum::serve(listener, psp.router()).await });
-            tracing::info!(%url, "payouts go to a fake payment provider inside the service");
-            url
-        }
+        None => start_fake_provider().await?,
     };
     let signal = store.outcome_signal().await?;
     let reconciliation = idem_tower::Reconciliation::new(
@@ -266,43 +258,16 @@ async fn serve_on<B: Backend>(
             .unwrap_or(config.policy.lease / 2)
             .max(Duration::from_millis(100)),
     );
-    // The relay: publishes the outbox to the broker. Connecting first means a wrong URL stops
-    // the service at start, not silently later.
+    // Connecting to the broker first means a wrong URL stops the service at start, not
+    // silently later.
     let relay = match &config.broker {
-        Some(settings) => {
-            let publisher = idem_consumer::any::AnyPublisher::connect(settings)
-                .await
-                .with_context(|| format!("cannot reach the broker {}", redact(&settings.url)))?;
-            let publisher =
-                relay::PausingPublisher::new(publisher, config.fault_pause_after_publish);
-            let relay = idem_consumer::Relay::new(store.write_pool().clone(), publisher)
-                .with_poll_interval(config.relay_poll)
-                .with_clock(config.clock.clone());
-            tracing::info!(broker = %redact(&settings.url), "relaying payment events from the outbox");
-            let relay = Arc::new(relay);
-            let expiring = relay.clone();
-            // Sent rows are kept a while (to look into what was announced), then deleted in
-            // batches; unsent rows are never deleted.
-            let expiry = tokio::spawn(async move {
-                let mut every = tokio::time::interval(Duration::from_secs(3600));
-                loop {
-                    every.tick().await;
-                    match expiring.expire_sent(SENT_EVENT_RETENTION, 1000).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(deleted = n, "expired sent outbox events"),
-                        Err(e) => tracing::warn!(error = %e, "expiring sent outbox events failed"),
-                    }
-                }
-            });
-            let relaying = tokio::spawn(async move { relay.run(std::future::pending()).await });
-            Some([relaying, expiry])
-        }
+        Some(settings) => Some(relay::start(&store, settings, config).await?),
         None => None,
     };
     let app = App {
         outbox: config.broker.is_some(),
-        signal: signal.clone(),
-        reconciliation: reconciliation.clone(),
+        signal,
+        reconciliation,
         store,
         policy: Arc::new(config.policy.clone()),
         clock: config.clock.clone(),
@@ -314,43 +279,32 @@ async fn serve_on<B: Backend>(
 
     // The sweeper: every instance may run it; each statement deletes at most 1,000 rows.
     let sweeper = crate::sweeper::spawn(app.store.clone(), config.clock.clone());
-
-    // The reconciler: resolves payouts whose worker died or whose provider call failed, by
-    // asking the provider. Its first pass runs at start, for what a crash left behind.
-    let reconciler = {
-        let (store, provider, clock) = (
-            app.store.clone(),
-            app.provider.clone(),
-            config.clock.clone(),
-        );
-        reconciliation.request_pass();
-        tokio::spawn(async move {
-            loop {
-                reconciliation.until_next_pass().await;
-                if let Err(e) = payouts::reconcile(&store, &provider, clock.as_ref(), &signal).await
-                {
-                    tracing::warn!(error = %e, "reconciling payouts failed");
-                }
-            }
-        })
-    };
+    let reconciler = payouts::spawn_reconciler(&app);
+    let mut background = vec![sweeper.abort_handle(), reconciler.abort_handle()];
+    // A relay pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
+    // publishes them again, and the consumers' inbox absorbs any copy.
+    background.extend(relay.into_iter().flatten());
 
     let router = app.router(config);
     let result = idem_gateway::server::serve(listener, router, config.head_timeout, shutdown)
         .await
         .context("the server failed");
-    sweeper.abort();
-    reconciler.abort();
-    // A relay pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
-    // publishes them again, and the consumers' inbox absorbs any copy.
-    for task in relay.into_iter().flatten() {
+    for task in background {
         task.abort();
     }
     result
 }
 
-/// How long a sent outbox event is kept before it is deleted.
-const SENT_EVENT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Starts a fake payment provider on a free loopback port; returns its URL.
+async fn start_fake_provider() -> anyhow::Result<String> {
+    // A newcomer's `idem serve` pays out through a fake provider of its own.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let psp = crate::fake_psp::FakePsp::default();
+    tokio::spawn(async move { axum::serve(listener, psp.router()).await });
+    tracing::info!(%url, "payouts go to a fake payment provider inside the service");
+    Ok(url)
+}
 
 /// Shared state of the service.
 #[derive(Debug, Clone)]
