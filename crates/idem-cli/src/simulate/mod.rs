@@ -30,6 +30,8 @@ use std::process::ExitCode;
 
 use indicatif::{ProgressBar, ProgressDrawTarget};
 
+use crate::store_url::StoreUrl;
+
 pub use self::report::{Expected, RateReport, Report, RunFacts, WithKeys, WithoutKeys};
 pub use self::run::simulate;
 
@@ -90,8 +92,8 @@ fn parse_loss(s: &str) -> Result<f64, String> {
 
 fn parse_database(s: &str) -> Result<String, String> {
     // The charges are counted with a SQLite connection of our own.
-    if s.starts_with("sqlite:") {
-        Ok(s.to_owned())
+    if let Ok(StoreUrl::Sqlite(url)) = StoreUrl::parse(s) {
+        Ok(url)
     } else {
         Err(format!(
             "idem simulate runs on SQLite: expected sqlite://PATH, got {s:?}"
