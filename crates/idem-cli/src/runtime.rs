@@ -2,8 +2,8 @@
 //! recorder and its exporter, and the names the service and its workers meet under on the
 //! broker.
 //!
-//! It depends on no command, so `serve`, `worker`, `fake-psp`, `proxy` and `keys` can all
-//! depend on it without depending on each other.
+//! It depends on no command, so `serve`, `worker`, `fake-psp` and `proxy` can all depend on
+//! it without depending on each other.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
