@@ -31,6 +31,8 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
+use crate::runtime::shutdown_signal;
+
 /// `idem fake-psp` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FakePspArgs {
@@ -254,7 +256,7 @@ pub async fn run(args: FakePspArgs) -> anyhow::Result<ExitCode> {
         listener.local_addr()?
     );
     axum::serve(listener, FakePsp::default().router())
-        .with_graceful_shutdown(crate::serve::shutdown_signal())
+        .with_graceful_shutdown(shutdown_signal())
         .await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -20,6 +20,7 @@ pub mod drill;
 pub mod fake_psp;
 pub mod keys;
 pub mod proxy;
+mod runtime;
 pub mod serve;
 pub mod simulate;
 pub mod store_url;

@@ -11,7 +11,7 @@ use idem_gateway::{GatewayConfig, KeyForwarding, Secret, UnknownOutcome};
 use idem_store::{PgStore, RedisStore, SqliteStore, Store};
 use tokio::net::TcpListener;
 
-use crate::serve::shutdown_signal;
+use crate::runtime::{self, shutdown_signal};
 use crate::store_url::{StoreUrl, redact};
 
 /// `idem proxy` flags.
@@ -173,7 +173,7 @@ async fn run_on<St: Store>(
 /// `/healthz` (the store answers) and `/metrics` (Prometheus text).
 fn admin_router<St: Store>(store: St) -> axum::Router {
     use axum::response::IntoResponse;
-    let metrics = crate::serve::metrics_handle();
+    let metrics = runtime::metrics_handle();
     axum::Router::new()
         .route(
             "/healthz",
@@ -201,12 +201,7 @@ fn admin_router<St: Store>(store: St) -> axum::Router {
             "/metrics",
             axum::routing::get(move || {
                 let metrics = metrics.clone();
-                async move {
-                    (
-                        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                        metrics.render(),
-                    )
-                }
+                async move { runtime::metrics_response(&metrics) }
             }),
         )
 }

@@ -18,11 +18,12 @@ use idem_consumer::{Consumer, Handled, Handler, HandlerError, Inbox, Message, Pr
 use idem_core::{Clock, SystemClock};
 use idem_store::{PgStore, SqliteStore};
 use serde::Deserialize;
+use tokio::task::JoinHandle;
 
-use crate::serve::{Receipt, ServiceBackend, redact};
-
-/// The consumer group (and inbox name) receipts are written under.
-pub const DEFAULT_CONSUMER: &str = "receipts";
+pub use crate::runtime::DEFAULT_CONSUMER;
+use crate::runtime::{PAYMENTS_TOPIC, export_metrics, metrics_handle, shutdown_signal};
+use crate::serve::{Receipt, ServiceBackend};
+use crate::store_url::{StoreUrl, redact};
 
 /// `idem worker` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -68,14 +69,10 @@ pub struct WorkerArgs {
 
 /// Runs `idem worker` until Ctrl-C or SIGTERM.
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
-    match crate::store_url::StoreUrl::parse_database(&args.database)? {
-        crate::store_url::StoreUrl::Sqlite(url) => {
-            work(SqliteStore::open_service(&url).await?, &args).await
-        }
-        crate::store_url::StoreUrl::Postgres(url) => {
-            work(PgStore::open_service(&url).await?, &args).await
-        }
-        crate::store_url::StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
+    match StoreUrl::parse_database(&args.database)? {
+        StoreUrl::Sqlite(url) => work(SqliteStore::open_service(&url).await?, &args).await,
+        StoreUrl::Postgres(url) => work(PgStore::open_service(&url).await?, &args).await,
+        StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
     }
 }
 
@@ -83,7 +80,7 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     let mut settings = BrokerSettings::new(
         args.broker.clone(),
         args.broker_namespace.clone(),
-        crate::serve::PAYMENTS_TOPIC,
+        PAYMENTS_TOPIC,
         args.consumer.clone(),
     );
     settings.delivery_limit = args.delivery_limit;
@@ -91,47 +88,22 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     settings.session_timeout = Duration::from_millis(args.session_timeout_ms);
 
     if let Some(addr) = args.metrics_listen {
-        let metrics = crate::serve::metrics_handle();
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr} for metrics"))?;
-        let router = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let metrics = metrics.clone();
-                async move { metrics.render() }
-            }),
-        );
-        tokio::spawn(async move { axum::serve(listener, router).await });
+        export_metrics(addr).await?;
     } else {
         // Counters still count (and show in the summary) without an exporter.
-        crate::serve::metrics_handle();
+        metrics_handle();
     }
-
-    // Old inbox rows go in batches, every hour, from any worker (deletes are idempotent).
-    let expiry = {
-        let pool = store.write_pool().clone();
-        let retention = Duration::from_secs(args.inbox_retention_hours * 3600);
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_secs(3600));
-            loop {
-                every.tick().await;
-                let now = SystemClock.now().0;
-                match Inbox::expire(&pool, retention, now, 1000).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(deleted = n, "expired old inbox rows"),
-                    Err(e) => tracing::warn!(error = %e, "expiring inbox rows failed"),
-                }
-            }
-        })
-    };
+    let expiry = spawn_inbox_expiry(
+        &store,
+        Duration::from_secs(args.inbox_retention_hours * 3600),
+    );
 
     let mut subscription = AnySubscription::connect(&settings)
         .await
         .with_context(|| format!("cannot subscribe on {}", redact(&settings.url)))?;
     eprintln!(
         "idem worker: consuming {} events from {} as {:?} (database {})",
-        crate::serve::PAYMENTS_TOPIC,
+        PAYMENTS_TOPIC,
         redact(&settings.url),
         args.consumer,
         redact(&args.database)
@@ -145,9 +117,7 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     };
     let consumer =
         Consumer::new(args.consumer.clone(), handler).with_delivery_limit(args.delivery_limit);
-    let stats = consumer
-        .run(&mut subscription, crate::serve::shutdown_signal())
-        .await;
+    let stats = consumer.run(&mut subscription, shutdown_signal()).await;
     expiry.abort();
     let stats = stats.context("the broker failed")?;
     eprintln!(
@@ -155,6 +125,23 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
         stats.applied, stats.duplicates, stats.retried, stats.dead_lettered
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Old inbox rows go in batches, every hour, from any worker (deletes are idempotent).
+fn spawn_inbox_expiry<B: ServiceBackend>(store: &B, retention: Duration) -> JoinHandle<()> {
+    let pool = store.write_pool().clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            every.tick().await;
+            let now = SystemClock.now().0;
+            match Inbox::expire(&pool, retention, now, 1000).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(deleted = n, "expired old inbox rows"),
+                Err(e) => tracing::warn!(error = %e, "expiring inbox rows failed"),
+            }
+        }
+    })
 }
 
 /// The body of a `payment.succeeded` event.

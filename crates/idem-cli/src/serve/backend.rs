@@ -9,6 +9,8 @@ use idem_tower::OutcomeSignal;
 use serde::Serialize;
 use sqlx::Row;
 
+use crate::store_url::redact;
+
 /// A payment as stored and as the API shows it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Payment {
@@ -501,5 +503,3 @@ impl Backend for PgStore {
         Ok(signal)
     }
 }
-
-pub(crate) use crate::store_url::redact;

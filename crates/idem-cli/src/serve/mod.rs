@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -15,11 +15,13 @@ use axum::routing::get;
 use idem_core::{AccountId, Clock, Policy, SystemClock};
 use idem_store::{PgStore, SqliteStore};
 
-use self::backend::Backend;
-use crate::store_url::StoreUrl;
 use idem_tower::IdempotencyLayer;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+
+use self::backend::Backend;
+use crate::runtime::{self, metrics_handle, shutdown_signal};
+use crate::store_url::{StoreUrl, redact};
 
 mod auth;
 mod backend;
@@ -29,8 +31,7 @@ mod payments;
 mod payouts;
 mod relay;
 
-pub(crate) use backend::{Backend as ServiceBackend, Receipt, redact};
-pub(crate) use payments::PAYMENTS_TOPIC;
+pub(crate) use backend::{Backend as ServiceBackend, Receipt};
 pub use payouts::PausePoint;
 
 /// `idem serve` flags.
@@ -191,8 +192,8 @@ impl ServeConfig {
             idem_consumer::any::BrokerSettings::new(
                 url.clone(),
                 args.broker_namespace.clone(),
-                payments::PAYMENTS_TOPIC,
-                crate::worker::DEFAULT_CONSUMER,
+                runtime::PAYMENTS_TOPIC,
+                runtime::DEFAULT_CONSUMER,
             )
         });
         config.relay_poll = Duration::from_millis(args.relay_poll_ms);
@@ -213,7 +214,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     println!(
         "idem serve: listening on http://{} (database {})",
         listener.local_addr()?,
-        backend::redact(&config.database)
+        redact(&config.database)
     );
     for (token, account) in accounts {
         println!("  sandbox token {token} -> account {account}");
@@ -227,7 +228,7 @@ pub async fn serve(
     config: ServeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    match crate::store_url::StoreUrl::parse_database(&config.database)? {
+    match StoreUrl::parse_database(&config.database)? {
         StoreUrl::Sqlite(url) => {
             let store = SqliteStore::open_service(&url).await?;
             serve_on(store, listener, &config, shutdown).await
@@ -248,15 +249,7 @@ async fn serve_on<B: Backend>(
 ) -> anyhow::Result<()> {
     let psp_url = match &config.psp_url {
         Some(url) => url.clone(),
-        None => {
-            // A newcomer's `idem serve` pays out through a fake provider of its own.
-            let listener = TcpListener::bind("127.0.0.1:0").await?;
-            let url = format!("http://{}", listener.local_addr()?);
-            let psp = crate::fake_psp::FakePsp::default();
-            tokio::spawn(async move { axum::serve(listener, psp.router()).await });
-            tracing::info!(%url, "payouts go to a fake payment provider inside the service");
-            url
-        }
+        None => start_fake_provider().await?,
     };
     let signal = store.outcome_signal().await?;
     let reconciliation = idem_tower::Reconciliation::new(
@@ -265,45 +258,16 @@ async fn serve_on<B: Backend>(
             .unwrap_or(config.policy.lease / 2)
             .max(Duration::from_millis(100)),
     );
-    // The relay: publishes the outbox to the broker. Connecting first means a wrong URL stops
-    // the service at start, not silently later.
+    // Connecting to the broker first means a wrong URL stops the service at start, not
+    // silently later.
     let relay = match &config.broker {
-        Some(settings) => {
-            let publisher = idem_consumer::any::AnyPublisher::connect(settings)
-                .await
-                .with_context(|| {
-                    format!("cannot reach the broker {}", backend::redact(&settings.url))
-                })?;
-            let publisher =
-                relay::PausingPublisher::new(publisher, config.fault_pause_after_publish);
-            let relay = idem_consumer::Relay::new(store.write_pool().clone(), publisher)
-                .with_poll_interval(config.relay_poll)
-                .with_clock(config.clock.clone());
-            tracing::info!(broker = %backend::redact(&settings.url), "relaying payment events from the outbox");
-            let relay = Arc::new(relay);
-            let expiring = relay.clone();
-            // Sent rows are kept a while (to look into what was announced), then deleted in
-            // batches; unsent rows are never deleted.
-            let expiry = tokio::spawn(async move {
-                let mut every = tokio::time::interval(Duration::from_secs(3600));
-                loop {
-                    every.tick().await;
-                    match expiring.expire_sent(SENT_EVENT_RETENTION, 1000).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(deleted = n, "expired sent outbox events"),
-                        Err(e) => tracing::warn!(error = %e, "expiring sent outbox events failed"),
-                    }
-                }
-            });
-            let relaying = tokio::spawn(async move { relay.run(std::future::pending()).await });
-            Some([relaying, expiry])
-        }
+        Some(settings) => Some(relay::start(&store, settings, config).await?),
         None => None,
     };
     let app = App {
         outbox: config.broker.is_some(),
-        signal: signal.clone(),
-        reconciliation: reconciliation.clone(),
+        signal,
+        reconciliation,
         store,
         policy: Arc::new(config.policy.clone()),
         clock: config.clock.clone(),
@@ -311,47 +275,36 @@ async fn serve_on<B: Backend>(
         provider: payouts::Provider::new(psp_url, config.psp_timeout, config.fault_pause),
     };
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, database = %backend::redact(&config.database), "idem serve listening");
+    tracing::info!(%addr, database = %redact(&config.database), "idem serve listening");
 
     // The sweeper: every instance may run it; each statement deletes at most 1,000 rows.
     let sweeper = crate::sweeper::spawn(app.store.clone(), config.clock.clone());
-
-    // The reconciler: resolves payouts whose worker died or whose provider call failed, by
-    // asking the provider. Its first pass runs at start, for what a crash left behind.
-    let reconciler = {
-        let (store, provider, clock) = (
-            app.store.clone(),
-            app.provider.clone(),
-            config.clock.clone(),
-        );
-        reconciliation.request_pass();
-        tokio::spawn(async move {
-            loop {
-                reconciliation.until_next_pass().await;
-                if let Err(e) = payouts::reconcile(&store, &provider, clock.as_ref(), &signal).await
-                {
-                    tracing::warn!(error = %e, "reconciling payouts failed");
-                }
-            }
-        })
-    };
+    let reconciler = payouts::spawn_reconciler(&app);
+    let mut background = vec![sweeper.abort_handle(), reconciler.abort_handle()];
+    // A relay pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
+    // publishes them again, and the consumers' inbox absorbs any copy.
+    background.extend(relay.into_iter().flatten());
 
     let router = app.router(config);
     let result = idem_gateway::server::serve(listener, router, config.head_timeout, shutdown)
         .await
         .context("the server failed");
-    sweeper.abort();
-    reconciler.abort();
-    // A relay pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
-    // publishes them again, and the consumers' inbox absorbs any copy.
-    for task in relay.into_iter().flatten() {
+    for task in background {
         task.abort();
     }
     result
 }
 
-/// How long a sent outbox event is kept before it is deleted.
-const SENT_EVENT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Starts a fake payment provider on a free loopback port; returns its URL.
+async fn start_fake_provider() -> anyhow::Result<String> {
+    // A newcomer's `idem serve` pays out through a fake provider of its own.
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let psp = crate::fake_psp::FakePsp::default();
+    tokio::spawn(async move { axum::serve(listener, psp.router()).await });
+    tracing::info!(%url, "payouts go to a fake payment provider inside the service");
+    Ok(url)
+}
 
 /// Shared state of the service.
 #[derive(Debug, Clone)]
@@ -431,20 +384,6 @@ impl<B: Backend> App<B> {
     }
 }
 
-/// The process has one metrics recorder; every server in it (tests start several) shares it.
-pub(crate) fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Fails only if another recorder is installed; then this one just stays empty.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
-}
-
 async fn healthz<B: Backend>(State(app): State<App<B>>) -> Response {
     match app.store.ping().await {
         Ok(_) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
@@ -457,14 +396,7 @@ async fn healthz<B: Backend>(State(app): State<App<B>>) -> Response {
 }
 
 async fn metrics<B: Backend>(State(app): State<App<B>>) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        app.metrics.render(),
-    )
-        .into_response()
+    runtime::metrics_response(&app.metrics)
 }
 
 async fn policy<B: Backend>(State(app): State<App<B>>) -> Response {
@@ -482,27 +414,4 @@ async fn policy<B: Backend>(State(app): State<App<B>>) -> Response {
         "reconcile_every_seconds": app.reconciliation.period().as_secs_f64(),
     });
     axum::Json(published).into_response()
-}
-
-/// Completes on Ctrl-C or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = terminate => {},
-    }
-    tracing::info!("shutting down");
 }

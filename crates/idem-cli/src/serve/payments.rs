@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::App;
 use super::backend::{Backend, Payment};
+use crate::runtime::PAYMENTS_TOPIC;
 
 /// A problem-details response for the service's own errors (validation, not found).
 pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response {
@@ -153,9 +154,6 @@ pub(crate) async fn create<B: Backend>(
     )
         .into_response()
 }
-
-/// The topic payment events go to.
-pub(crate) const PAYMENTS_TOPIC: &str = "payments";
 
 /// The `payment.succeeded` event of `payment`. Its id derives from the payment's, so it is
 /// fixed when the payment is created and names exactly one payment.

@@ -24,6 +24,7 @@ use idem_store::RecordFilter;
 use idem_tower::Outcome;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tokio::task::JoinHandle;
 
 use super::App;
 use super::backend::Backend;
@@ -209,6 +210,27 @@ impl Provider {
             pause,
         }
     }
+}
+
+/// Starts the reconciler: it resolves payouts whose worker died or whose provider call
+/// failed, by asking the provider. Its first pass runs at once, for what a crash left behind.
+pub(super) fn spawn_reconciler<B: Backend>(app: &App<B>) -> JoinHandle<()> {
+    let (store, provider, clock, signal, reconciliation) = (
+        app.store.clone(),
+        app.provider.clone(),
+        app.clock.clone(),
+        app.signal.clone(),
+        app.reconciliation.clone(),
+    );
+    reconciliation.request_pass();
+    tokio::spawn(async move {
+        loop {
+            reconciliation.until_next_pass().await;
+            if let Err(e) = reconcile(&store, &provider, clock.as_ref(), &signal).await {
+                tracing::warn!(error = %e, "reconciling payouts failed");
+            }
+        }
+    })
 }
 
 /// What the reconciler did with one stale record.
