@@ -32,24 +32,13 @@ type AccountFn = Arc<dyn Fn(&Parts) -> AccountId + Send + Sync>;
 /// Build it with [`IdempotencyLayer::transactional`] (the handler's writes share the key's
 /// transaction) or [`IdempotencyLayer::leased`] (the work calls something outside the
 /// database), then adjust it with the `with_*` setters.
+#[derive(Clone)]
 pub struct IdempotencyLayer<M> {
     mode: M,
     policy: Arc<Policy>,
     clock: Arc<dyn Clock>,
     account: AccountFn,
     replay_read: bool,
-}
-
-impl<M: Clone> Clone for IdempotencyLayer<M> {
-    fn clone(&self) -> Self {
-        Self {
-            mode: self.mode.clone(),
-            policy: self.policy.clone(),
-            clock: self.clock.clone(),
-            account: self.account.clone(),
-            replay_read: self.replay_read,
-        }
-    }
 }
 
 impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
@@ -131,30 +120,16 @@ impl<S, M: Clone> Layer<S> for IdempotencyLayer<M> {
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency {
             inner,
-            layer: IdempotencyLayer {
-                mode: self.mode.clone(),
-                policy: self.policy.clone(),
-                clock: self.clock.clone(),
-                account: self.account.clone(),
-                replay_read: self.replay_read,
-            },
+            layer: self.clone(),
         }
     }
 }
 
 /// The service [`IdempotencyLayer`] wraps around `S`.
+#[derive(Clone)]
 pub struct Idempotency<S, M> {
     inner: S,
     layer: IdempotencyLayer<M>,
-}
-
-impl<S: Clone, M: Clone> Clone for Idempotency<S, M> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            layer: self.layer.clone(),
-        }
-    }
 }
 
 impl<S: fmt::Debug, M: fmt::Debug> fmt::Debug for Idempotency<S, M> {
