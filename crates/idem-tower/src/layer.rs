@@ -14,12 +14,11 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{
     AccountId, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyError, Policy,
-    ProblemKind, RequestParts, Scope, StoredResponse, SystemClock, decide,
+    ProblemKind, RequestParts, Scope, SystemClock, decide,
 };
 use idem_store::Store;
 use tower::{Layer, Service};
 
-use crate::Outcome;
 use crate::mode::Mode;
 use crate::mode::sealed::Claim;
 use crate::response::{answer, count, problem, store_unavailable, too_large};
@@ -334,48 +333,6 @@ fn random_token() -> i64 {
     // Tokens only need to be unique per claim; 63 random bits make a collision negligible.
     let bytes = uuid::Uuid::new_v4().into_bytes();
     i64::from_be_bytes(bytes[..8].try_into().expect("8 bytes")) & i64::MAX
-}
-
-/// Reads a response's body whole and decides what to keep of it.
-pub(crate) async fn buffer_response<B>(
-    policy: &Policy,
-    response: Response<B>,
-) -> Result<(Response<B>, Outcome, StoredResponse), String>
-where
-    B: Body<Data = Bytes> + From<Bytes>,
-    B::Error: fmt::Display,
-{
-    let (parts, body) = response.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map_err(|e| format!("reading the response body failed: {e}"))?
-        .to_bytes();
-    let status = parts.status.as_u16();
-    let outcome = parts
-        .extensions
-        .get::<Outcome>()
-        .copied()
-        .unwrap_or_else(|| Outcome::for_status(policy, status));
-    let body_omitted = body.len() > policy.storage_cap;
-    let stored = StoredResponse {
-        status,
-        headers: parts
-            .headers
-            .iter()
-            .filter(|(name, _)| policy.stores_header(name.as_str()))
-            .filter_map(|(name, value)| {
-                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-            })
-            .collect(),
-        body: if body_omitted {
-            Vec::new()
-        } else {
-            body.to_vec()
-        },
-        body_omitted,
-    };
-    Ok((Response::from_parts(parts, B::from(body)), outcome, stored))
 }
 
 pin_project_lite::pin_project! {

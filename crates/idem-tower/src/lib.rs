@@ -38,6 +38,7 @@
 //! # Ok(()) }
 //! ```
 
+mod body;
 mod layer;
 mod mode;
 mod outcome;

@@ -13,7 +13,8 @@ use idem_store::{ClaimOutcome, NewClaim, Store, TransactionalStore, TxClaim};
 use tokio::sync::Mutex;
 use tower::{Service, ServiceExt};
 
-use crate::layer::{IdempotencyLayer, buffer_response};
+use crate::body::buffer_response;
+use crate::layer::IdempotencyLayer;
 use crate::response::{ErrorChain, answer, count, in_use, problem, store_unavailable};
 use crate::{Outcome, OutcomeSignal, Reconciliation};
 use sealed::Claim;
