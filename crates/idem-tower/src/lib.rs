@@ -39,6 +39,7 @@
 //! ```
 
 mod body;
+mod claim;
 mod layer;
 mod mode;
 mod outcome;
