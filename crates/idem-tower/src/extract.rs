@@ -54,7 +54,9 @@ pub struct NoTransaction;
 impl IntoResponse for NoTransaction {
     fn into_response(self) -> Response {
         tracing::error!("{self}");
-        let mut response: Response = problem(ProblemKind::StoreUnavailable, self.to_string(), None);
+        // Not a refusal of the contract but a route wired wrong: a `500` (under the store's
+        // problem type, the nearest there is) without `Retry-After`, since a retry cannot help.
+        let mut response: Response = problem(ProblemKind::StoreUnavailable, self.to_string());
         *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
         response
     }

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
@@ -13,16 +14,16 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::{
-    AccountId, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyError, Policy,
-    ProblemKind, RequestParts, Scope, StoredResponse, SystemClock, decide,
+    AccountId, Clock, Decision, Fingerprint, IdempotencyKey, KeyError, Policy, RequestParts, Scope,
+    SystemClock, Timestamp, decide,
 };
-use idem_store::Store;
+use idem_store::{Store, TransactionalStore};
 use tower::{Layer, Service};
 
-use crate::Outcome;
-use crate::mode::Mode;
-use crate::mode::sealed::Claim;
-use crate::response::{answer, count, problem, store_unavailable, too_large};
+use crate::claim::Claim;
+use crate::mode::{LeaseMode, Mode, TransactionMode};
+use crate::response::{Refusal, Served, answer, store_unavailable};
+use crate::{OutcomeSignal, Reconciliation};
 
 /// Finds the account a request acts for.
 type AccountFn = Arc<dyn Fn(&Parts) -> AccountId + Send + Sync>;
@@ -32,24 +33,13 @@ type AccountFn = Arc<dyn Fn(&Parts) -> AccountId + Send + Sync>;
 /// Build it with [`IdempotencyLayer::transactional`] (the handler's writes share the key's
 /// transaction) or [`IdempotencyLayer::leased`] (the work calls something outside the
 /// database), then adjust it with the `with_*` setters.
+#[derive(Clone)]
 pub struct IdempotencyLayer<M> {
     mode: M,
     policy: Arc<Policy>,
     clock: Arc<dyn Clock>,
     account: AccountFn,
     replay_read: bool,
-}
-
-impl<M: Clone> Clone for IdempotencyLayer<M> {
-    fn clone(&self) -> Self {
-        Self {
-            mode: self.mode.clone(),
-            policy: self.policy.clone(),
-            clock: self.clock.clone(),
-            account: self.account.clone(),
-            replay_read: self.replay_read,
-        }
-    }
 }
 
 impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
@@ -72,10 +62,6 @@ impl<M: Mode> IdempotencyLayer<M> {
             account: Arc::new(account_from_extensions),
             replay_read: true,
         }
-    }
-
-    pub(crate) fn mode_mut(&mut self) -> &mut M {
-        &mut self.mode
     }
 
     /// Replaces the [`Policy`] (default: [`Policy::default`]).
@@ -125,36 +111,66 @@ fn account_from_extensions(parts: &Parts) -> AccountId {
         .unwrap_or_else(|| AccountId::new("anonymous"))
 }
 
+impl<St: TransactionalStore> IdempotencyLayer<TransactionMode<St>> {
+    /// A layer in transaction mode over `store`.
+    pub fn transactional(store: St) -> Self {
+        Self::with_mode(TransactionMode::new(store))
+    }
+}
+
+impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
+    /// A layer in lease mode over `store`. A claim whose lease ran out (its worker crashed) is
+    /// taken over by the next retry of the same request, which runs the work again: right when
+    /// the work passes the key downstream to a service that dedupes on it.
+    pub fn leased(store: St) -> Self {
+        Self::with_mode(LeaseMode::new(store))
+    }
+
+    /// Lets a duplicate wait up to `max` for the original's outcome, woken by `signal` (not by
+    /// polling), instead of taking `409` at once. Past `max` it gets the `409`.
+    pub fn with_outcome_wait(mut self, max: Duration, signal: OutcomeSignal) -> Self {
+        self.mode.wait = Some((max, signal));
+        self
+    }
+
+    /// Never takes over a claim whose lease ran out: retries get `409` until a reconciler
+    /// has found out what happened and completed or released the record.
+    pub fn without_takeover(mut self) -> Self {
+        self.mode.take_over = false;
+        self
+    }
+
+    /// Tells the layer that a reconciler resolves records whose outcome is unknown, on
+    /// `schedule`. When a handler returns [`Outcome::Unknown`], its calls are over, so the
+    /// layer ends the record's lease at once and asks for a pass instead of letting the lease
+    /// run out; the handler's answer and every duplicate's `409 outcome-unknown` carry a
+    /// `Retry-After` that points just past that pass. With [`with_outcome_wait`], duplicates
+    /// also wait for the reconciler's verdict.
+    ///
+    /// [`Outcome::Unknown`]: crate::Outcome::Unknown
+    /// [`with_outcome_wait`]: Self::with_outcome_wait
+    pub fn with_reconciliation(mut self, schedule: Reconciliation) -> Self {
+        self.mode.reconciliation = Some(schedule);
+        self
+    }
+}
+
 impl<S, M: Clone> Layer<S> for IdempotencyLayer<M> {
     type Service = Idempotency<S, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency {
             inner,
-            layer: IdempotencyLayer {
-                mode: self.mode.clone(),
-                policy: self.policy.clone(),
-                clock: self.clock.clone(),
-                account: self.account.clone(),
-                replay_read: self.replay_read,
-            },
+            layer: self.clone(),
         }
     }
 }
 
 /// The service [`IdempotencyLayer`] wraps around `S`.
+#[derive(Clone)]
 pub struct Idempotency<S, M> {
     inner: S,
     layer: IdempotencyLayer<M>,
-}
-
-impl<S: Clone, M: Clone> Clone for Idempotency<S, M> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            layer: self.layer.clone(),
-        }
-    }
 }
 
 impl<S: fmt::Debug, M: fmt::Debug> fmt::Debug for Idempotency<S, M> {
@@ -198,7 +214,9 @@ where
     }
 }
 
-/// Applies the contract to one covered request.
+/// Applies the contract to one covered request: the checks in the contract's order (method,
+/// key, body size, body arrival, fingerprint, then the record; docs/contract.md §2.1), each a
+/// step that either hands on what the next needs or answers the request.
 async fn guard<S, M, ReqBody, ResBody>(
     layer: IdempotencyLayer<M>,
     mut inner: S,
@@ -215,40 +233,104 @@ where
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: fmt::Display,
 {
-    let policy = &layer.policy;
     let (parts, body) = request.into_parts();
-
-    let key = match IdempotencyKey::from_header_values(
-        parts
-            .headers
-            .get_all("idempotency-key")
-            .iter()
-            .map(|v| v.as_bytes()),
-        policy.key_limits,
-    ) {
-        Ok(key) => key,
-        Err(KeyError::Missing) if !policy.require_key => {
-            count("passthrough");
+    let key = match key(&layer.policy, &parts) {
+        Ok(Some(key)) => key,
+        Ok(None) => {
+            Served::Passthrough.count();
             return inner.call(Request::from_parts(parts, body)).await;
         }
-        Err(KeyError::Missing) => {
-            count("missing_key");
-            return Ok(problem(
-                ProblemKind::MissingKey,
-                format!(
-                    "{} {} requires an Idempotency-Key header",
-                    parts.method,
-                    parts.uri.path()
-                ),
-                None,
-            ));
-        }
-        Err(e) => {
-            count("malformed_key");
-            return Ok(problem(ProblemKind::MalformedKey, e.to_string(), None));
-        }
+        Err(refused) => return Ok(refused),
     };
+    let (claim, request) = match admit(&layer, key, parts, body).await {
+        Ok(admitted) => admitted,
+        Err(answered) => return Ok(answered),
+    };
+    // From the claim to the stored outcome the work runs in its own task: a client that hangs
+    // up drops this future, not the task, so the record is never left half-written.
+    let section = tokio::spawn(layer.mode.run(claim, inner, request));
+    match section.await {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::error!(error = %e, "the idempotent section panicked");
+            Ok(Refusal::StoreUnavailable
+                .response("the request failed unexpectedly; retry with the same key"))
+        }
+    }
+}
 
+/// The steps after the key, up to the claim: the body, the fingerprint and the read that
+/// answers replays. `Ok` is the claim to make and the request to run; `Err` the answer that
+/// settles the request first.
+async fn admit<M, ReqBody, ResBody>(
+    layer: &IdempotencyLayer<M>,
+    key: IdempotencyKey,
+    parts: Parts,
+    body: ReqBody,
+) -> Result<(Claim, Request<ReqBody>), Response<ResBody>>
+where
+    M: Mode,
+    ReqBody: Body + From<Bytes>,
+    ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    ResBody: From<Bytes>,
+{
+    let body = read_body(&layer.policy, &parts, body).await?;
+    let account = (layer.account)(&parts);
+    let fingerprint = fingerprint(&parts, &account, &body)?;
+    let scope = Scope::new(account, key);
+    let now = layer.clock.now();
+    if layer.replay_read {
+        replay_read(layer.mode.store(), &scope, &fingerprint, now).await?;
+    }
+    let claim = Claim::new(
+        layer.policy.clone(),
+        layer.clock.clone(),
+        scope,
+        fingerprint,
+        now,
+    );
+    Ok((claim, Request::from_parts(parts, ReqBody::from(body))))
+}
+
+/// The request's key. `None`: it has none and the policy lets it through unprotected.
+fn key<B: From<Bytes>>(
+    policy: &Policy,
+    parts: &Parts,
+) -> Result<Option<IdempotencyKey>, Response<B>> {
+    let fields = parts
+        .headers
+        .get_all("idempotency-key")
+        .iter()
+        .map(|v| v.as_bytes());
+    match IdempotencyKey::from_header_values(fields, policy.key_limits) {
+        Ok(key) => Ok(Some(key)),
+        Err(KeyError::Missing) if !policy.require_key => Ok(None),
+        Err(KeyError::Missing) => Err(Refusal::MissingKey.refuse(format!(
+            "{} {} requires an Idempotency-Key header",
+            parts.method,
+            parts.uri.path()
+        ))),
+        Err(e) => Err(Refusal::MalformedKey.refuse(e.to_string())),
+    }
+}
+
+/// The request body, read whole within the policy's size and time limits.
+async fn read_body<ReqBody, B>(
+    policy: &Policy,
+    parts: &Parts,
+    body: ReqBody,
+) -> Result<Bytes, Response<B>>
+where
+    ReqBody: Body,
+    ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: From<Bytes>,
+{
+    let too_large = || {
+        Refusal::BodyTooLarge.refuse(format!(
+            "the request body exceeds {} bytes",
+            policy.body_limit
+        ))
+    };
     // Refuse an over-long body before reading any of it when its length is declared.
     let declared = parts
         .headers
@@ -256,43 +338,35 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > policy.body_limit as u64) {
-        count("body_too_large");
-        return Ok(too_large(policy));
+        return Err(too_large());
     }
     let collected = tokio::time::timeout(
         policy.body_timeout,
         Limited::new(body, policy.body_limit).collect(),
     )
-    .await;
-    let Ok(collected) = collected else {
-        count("body_timeout");
-        return Ok(problem(
-            ProblemKind::BodyTimeout,
-            format!(
-                "the request body did not arrive within {} s",
-                policy.body_timeout.as_secs_f64()
-            ),
-            None,
-        ));
-    };
-    let body = match collected {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            count("body_too_large");
-            return Ok(too_large(policy));
-        }
+    .await
+    .map_err(|_| {
+        Refusal::BodyTimeout.refuse(format!(
+            "the request body did not arrive within {} s",
+            policy.body_timeout.as_secs_f64()
+        ))
+    })?;
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
         Err(e) => {
-            count("malformed_body");
-            return Ok(problem(
-                ProblemKind::MalformedBody,
-                format!("the request body could not be read: {e}"),
-                None,
-            ));
+            Err(Refusal::MalformedBody.refuse(format!("the request body could not be read: {e}")))
         }
-    };
+    }
+}
 
-    let account = (layer.account)(&parts);
-    let fingerprint = match Fingerprint::compute(&RequestParts {
+/// The request's fingerprint (docs/contract.md §2.4).
+fn fingerprint<B: From<Bytes>>(
+    parts: &Parts,
+    account: &AccountId,
+    body: &[u8],
+) -> Result<Fingerprint, Response<B>> {
+    Fingerprint::compute(&RequestParts {
         account: account.as_str(),
         method: parts.method.as_str(),
         route: parts.uri.path(),
@@ -302,105 +376,28 @@ where
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .unwrap_or(""),
-        body: &body,
-    }) {
-        Ok(fp) => fp,
-        Err(e) => {
-            count("malformed_body");
-            return Ok(problem(ProblemKind::MalformedBody, e.to_string(), None));
-        }
-    };
-    let scope = Scope::new(account, key);
-    let now = layer.clock.now();
-
-    // Fast path: a finished request replays (and a mismatch is refused) from a plain read,
-    // without claiming anything.
-    if layer.replay_read {
-        match layer.mode.store().get(&scope).await {
-            Ok(existing) => {
-                let decision = decide(existing.as_ref(), &fingerprint, now);
-                // Work in flight goes on to the claim, which decides again under its lock.
-                if let Decision::Replay(_) | Decision::Mismatch = decision
-                    && let Some(settled) = answer(&decision, &scope, None)
-                {
-                    return Ok(settled);
-                }
-            }
-            Err(e) => return Ok(store_unavailable(&e)),
-        }
-    }
-
-    let claim = Claim {
-        policy: layer.policy.clone(),
-        clock: layer.clock.clone(),
-        scope,
-        fingerprint,
-        now,
-        token: FencingToken(random_token()),
-    };
-    let request = Request::from_parts(parts, ReqBody::from(body));
-    // From the claim to the stored outcome the work runs in its own task: a client that hangs
-    // up drops this future, not the task, so the record is never left half-written.
-    let section = tokio::spawn(layer.mode.clone().run(claim, inner, request));
-    match section.await {
-        Ok(result) => result,
-        Err(e) => {
-            tracing::error!(error = %e, "the idempotent section panicked");
-            Ok(problem(
-                ProblemKind::StoreUnavailable,
-                "the request failed unexpectedly; retry with the same key",
-                Some(std::time::Duration::from_secs(1)),
-            ))
-        }
-    }
+        body,
+    })
+    .map_err(|e| Refusal::MalformedBody.refuse(e.to_string()))
 }
 
-fn random_token() -> i64 {
-    // Tokens only need to be unique per claim; 63 random bits make a collision negligible.
-    let bytes = uuid::Uuid::new_v4().into_bytes();
-    i64::from_be_bytes(bytes[..8].try_into().expect("8 bytes")) & i64::MAX
-}
-
-/// Reads a response's body whole and decides what to keep of it.
-pub(crate) async fn buffer_response<B>(
-    policy: &Policy,
-    response: Response<B>,
-) -> Result<(Response<B>, Outcome, StoredResponse), String>
-where
-    B: Body<Data = Bytes> + From<Bytes>,
-    B::Error: fmt::Display,
-{
-    let (parts, body) = response.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map_err(|e| format!("reading the response body failed: {e}"))?
-        .to_bytes();
-    let status = parts.status.as_u16();
-    let outcome = parts
-        .extensions
-        .get::<Outcome>()
-        .copied()
-        .unwrap_or_else(|| Outcome::for_status(policy, status));
-    let body_omitted = body.len() > policy.storage_cap;
-    let stored = StoredResponse {
-        status,
-        headers: parts
-            .headers
-            .iter()
-            .filter(|(name, _)| policy.stores_header(name.as_str()))
-            .filter_map(|(name, value)| {
-                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-            })
-            .collect(),
-        body: if body_omitted {
-            Vec::new()
-        } else {
-            body.to_vec()
-        },
-        body_omitted,
-    };
-    Ok((Response::from_parts(parts, B::from(body)), outcome, stored))
+/// The fast path: a finished request replays (and a mismatch is refused) from a plain read,
+/// without claiming anything. Work in flight goes on to the claim, which decides again under
+/// its lock.
+async fn replay_read<St: Store, B: From<Bytes>>(
+    store: &St,
+    scope: &Scope,
+    fingerprint: &Fingerprint,
+    now: Timestamp,
+) -> Result<(), Response<B>> {
+    let existing = store.get(scope).await.map_err(|e| store_unavailable(&e))?;
+    let decision = decide(existing.as_ref(), fingerprint, now);
+    if let Decision::Replay(_) | Decision::Mismatch = decision
+        && let Some(settled) = answer(&decision, scope, None)
+    {
+        return Err(settled);
+    }
+    Ok(())
 }
 
 pin_project_lite::pin_project! {

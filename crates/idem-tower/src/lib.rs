@@ -38,6 +38,8 @@
 //! # Ok(()) }
 //! ```
 
+mod body;
+mod claim;
 mod layer;
 mod mode;
 mod outcome;

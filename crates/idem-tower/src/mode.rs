@@ -8,15 +8,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
-use idem_core::{Decision, ProblemKind, decide};
-use idem_store::{ClaimOutcome, NewClaim, Store, TransactionalStore, TxClaim};
+use idem_core::{Decision, decide};
+use idem_store::{ClaimOutcome, Store, TransactionalStore, TxClaim};
 use tokio::sync::Mutex;
 use tower::{Service, ServiceExt};
 
-use crate::layer::{IdempotencyLayer, buffer_response};
-use crate::response::{ErrorChain, answer, count, in_use, problem, store_unavailable};
+use crate::body::buffer_response;
+use crate::claim::Claim;
+use crate::response::{ErrorChain, Refusal, Served, retry_after_value, settle, store_unavailable};
 use crate::{Outcome, OutcomeSignal, Reconciliation};
-use sealed::Claim;
 
 /// How the layer makes a key's claim and its work atomic: [`TransactionMode`] or
 /// [`LeaseMode`]. Sealed: the two modes are the contract's.
@@ -30,18 +30,6 @@ pub trait Mode: Clone + fmt::Debug + Send + Sync + 'static + sealed::Run {
 
 pub(crate) mod sealed {
     use super::*;
-    use idem_core::{Clock, FencingToken, Fingerprint, Policy, Scope, Timestamp};
-
-    /// What a covered request carries into the section that claims its key.
-    #[derive(Debug, Clone)]
-    pub struct Claim {
-        pub(crate) policy: Arc<Policy>,
-        pub(crate) clock: Arc<dyn Clock>,
-        pub(crate) scope: Scope,
-        pub(crate) fingerprint: Fingerprint,
-        pub(crate) now: Timestamp,
-        pub(crate) token: FencingToken,
-    }
 
     /// The part of [`Mode`](super::Mode) only this crate sees.
     pub trait Run {
@@ -69,59 +57,35 @@ pub struct TransactionMode<St>(St);
 
 /// Lease mode: the claim commits first with a lease and a fencing token; the outcome is stored
 /// only by the holder of the current token. For work that calls outside the database.
+///
+/// Its settings are made by the layer's setters
+/// ([`with_outcome_wait`](crate::IdempotencyLayer::with_outcome_wait),
+/// [`without_takeover`](crate::IdempotencyLayer::without_takeover),
+/// [`with_reconciliation`](crate::IdempotencyLayer::with_reconciliation)).
 #[derive(Debug, Clone)]
 pub struct LeaseMode<St> {
     store: St,
-    take_over: bool,
-    wait: Option<(Duration, OutcomeSignal)>,
-    reconciliation: Option<Reconciliation>,
+    pub(crate) take_over: bool,
+    pub(crate) wait: Option<(Duration, OutcomeSignal)>,
+    pub(crate) reconciliation: Option<Reconciliation>,
 }
 
-impl<St: TransactionalStore> IdempotencyLayer<TransactionMode<St>> {
-    /// A layer in transaction mode over `store`.
-    pub fn transactional(store: St) -> Self {
-        Self::with_mode(TransactionMode(store))
+impl<St: TransactionalStore> TransactionMode<St> {
+    /// Transaction mode over `store`.
+    pub(crate) fn new(store: St) -> Self {
+        Self(store)
     }
 }
 
-impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
-    /// A layer in lease mode over `store`. A claim whose lease ran out (its worker crashed) is
-    /// taken over by the next retry of the same request, which runs the work again: right when
-    /// the work passes the key downstream to a service that dedupes on it.
-    pub fn leased(store: St) -> Self {
-        Self::with_mode(LeaseMode {
+impl<St: Store> LeaseMode<St> {
+    /// Takes over a claim whose lease ran out; no waiting, no reconciler.
+    pub(crate) fn new(store: St) -> Self {
+        Self {
             store,
             take_over: true,
             wait: None,
             reconciliation: None,
-        })
-    }
-
-    /// Lets a duplicate wait up to `max` for the original's outcome, woken by `signal` (not by
-    /// polling), instead of taking `409` at once. Past `max` it gets the `409`.
-    pub fn with_outcome_wait(mut self, max: Duration, signal: OutcomeSignal) -> Self {
-        self.mode_mut().wait = Some((max, signal));
-        self
-    }
-
-    /// Never takes over a claim whose lease ran out: retries get `409` until a reconciler
-    /// has found out what happened and completed or released the record.
-    pub fn without_takeover(mut self) -> Self {
-        self.mode_mut().take_over = false;
-        self
-    }
-
-    /// Tells the layer that a reconciler resolves records whose outcome is unknown, on
-    /// `schedule`. When a handler returns [`Outcome::Unknown`], its calls are over, so the
-    /// layer ends the record's lease at once and asks for a pass instead of letting the lease
-    /// run out; the handler's answer and every duplicate's `409 outcome-unknown` carry a
-    /// `Retry-After` that points just past that pass. With [`with_outcome_wait`], duplicates
-    /// also wait for the reconciler's verdict.
-    ///
-    /// [`with_outcome_wait`]: Self::with_outcome_wait
-    pub fn with_reconciliation(mut self, schedule: Reconciliation) -> Self {
-        self.mode_mut().reconciliation = Some(schedule);
-        self
+        }
     }
 }
 
@@ -154,38 +118,28 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
     {
         let store = self.0;
         let policy = claim.policy.clone();
-        let new = NewClaim::new(
-            claim.scope.clone(),
-            claim.fingerprint,
-            claim.token,
-            claim.now,
-            &policy,
-        );
-        let tx = match store.begin_claim(&new, policy.in_flight_wait).await {
+        let tx = match store
+            .begin_claim(&claim.new_claim, policy.in_flight_wait)
+            .await
+        {
             Ok(TxClaim::Claimed(tx)) => tx,
             Ok(TxClaim::Existing(record)) => {
-                let decision = decide(Some(&record), &claim.fingerprint, claim.clock.now());
+                let decision = decide(Some(&record), claim.fingerprint(), claim.clock.now());
                 // A committed record the claim could not replace always settles the request.
-                return Ok(answer(&decision, &claim.scope, None)
-                    .unwrap_or_else(|| in_use(&decision, None)));
+                return Ok(settle(&decision, claim.scope(), None));
             }
             Ok(TxClaim::Busy) => {
-                count("in_flight");
-                return Ok(problem(
-                    ProblemKind::InUse,
-                    format!(
-                        "a request with this Idempotency-Key is still running after a {} s wait; retry later with the same key",
-                        policy.in_flight_wait.as_secs()
-                    ),
-                    Some(Duration::from_secs(1)),
-                ));
+                return Ok(Refusal::InUse.refuse(format!(
+                    "a request with this Idempotency-Key is still running after a {} s wait; retry later with the same key",
+                    policy.in_flight_wait.as_secs()
+                )));
             }
             Err(e) => return Ok(store_unavailable(&e)),
         };
 
         let slot: TxSlot<St::Tx> = Arc::new(Mutex::new(Some(tx)));
         request.extensions_mut().insert(slot.clone());
-        request.extensions_mut().insert(claim.scope.clone());
+        request.extensions_mut().insert(claim.scope().clone());
         let response = match inner.ready().await {
             Ok(ready) => ready.call(request).await,
             Err(e) => Err(e),
@@ -194,11 +148,9 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
         // into a task; then this waits for that task).
         let Some(tx) = slot.lock().await.take() else {
             tracing::error!("the handler took the transaction out of its slot");
-            return Ok(problem(
-                ProblemKind::StoreUnavailable,
-                "the handler did not return its transaction",
-                Some(Duration::from_secs(1)),
-            ));
+            return Ok(
+                Refusal::StoreUnavailable.response("the handler did not return its transaction")
+            );
         };
         let response = match response {
             Ok(response) => response,
@@ -212,27 +164,25 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
             Err(e) => {
                 tracing::error!(error = %e, "handler response failed");
                 let _ = store.rollback(tx).await;
-                return Ok(problem(
-                    ProblemKind::StoreUnavailable,
+                return Ok(Refusal::StoreUnavailable.response(
                     "the response could not be produced; nothing was committed; retry with the same key",
-                    Some(Duration::from_secs(1)),
                 ));
             }
         };
         if outcome != Outcome::Store {
-            count("not_stored");
+            Served::NotStored.count();
             if let Err(e) = store.rollback(tx).await {
                 tracing::warn!(error = %ErrorChain(&e), "rollback failed");
             }
             return Ok(response);
         }
         match store
-            .commit_response(tx, &claim.scope, claim.token, &stored)
+            .commit_response(tx, claim.scope(), claim.token(), &stored)
             .await
         {
             Ok(()) => {
-                count("fresh");
-                tracing::info!(key = %claim.scope.log_label(), status = stored.status, "stored");
+                Served::Fresh.count();
+                tracing::info!(key = %claim.scope().log_label(), status = stored.status, "stored");
                 Ok(response)
             }
             // Nothing committed: the client must not see a success that did not happen.
@@ -252,7 +202,7 @@ impl<St: Store> Mode for LeaseMode<St> {
 impl<St: Store> sealed::Run for LeaseMode<St> {
     async fn run<S, ReqBody, ResBody>(
         self,
-        claim: Claim,
+        mut claim: Claim,
         mut inner: S,
         mut request: Request<ReqBody>,
     ) -> Result<Response<ResBody>, S::Error>
@@ -269,24 +219,20 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         let reconciliation = self.reconciliation;
         let store = self.store;
         let policy = claim.policy.clone();
-        let label = claim.scope.log_label();
-        request.extensions_mut().insert(claim.scope.clone());
+        let label = claim.scope().log_label();
+        request.extensions_mut().insert(claim.scope().clone());
+        claim.new_claim.take_over_expired_lease = take_over;
         let deadline = wait
             .as_ref()
             .map(|(max, _)| tokio::time::Instant::now() + *max);
         loop {
+            // Each attempt is dated when it is made: the first comes after the replay read,
+            // later ones after a wait.
             let now = claim.clock.now();
-            let mut new = NewClaim::new(
-                claim.scope.clone(),
-                claim.fingerprint,
-                claim.token,
-                now,
-                &policy,
-            );
-            new.take_over_expired_lease = take_over;
+            claim.restamp(now);
             // Listen before claiming, so an outcome stored in between still wakes us.
             let mut woken = wait.as_ref().map(|(_, signal)| signal.listen(&label));
-            let record = match store.claim(&new).await {
+            let record = match store.claim(&claim.new_claim).await {
                 Ok(ClaimOutcome::Claimed) => {
                     drop(woken);
                     if let Some((_, signal)) = &wait {
@@ -297,7 +243,7 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                 Ok(ClaimOutcome::Existing(record)) => record,
                 Err(e) => return Ok(store_unavailable(&e)),
             };
-            let decision = decide(Some(&record), &claim.fingerprint, now);
+            let decision = decide(Some(&record), claim.fingerprint(), now);
             // A record whose outcome is unknown is worth waiting for only when a reconciler
             // will resolve it (and wake us).
             let worth_waiting = match decision {
@@ -312,20 +258,18 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             }
             match (&decision, woken, deadline) {
                 (_, Some(woken), Some(deadline)) if worth_waiting => {
-                    count("waited");
+                    Served::Waited.count();
                     if tokio::time::timeout_at(deadline, woken).await.is_err() {
                         if let Some((_, signal)) = &wait {
                             signal.forget_if_unused(&label);
                         }
-                        return Ok(in_use(&decision, reconciliation.as_ref()));
+                        return Ok(settle(&decision, claim.scope(), reconciliation.as_ref()));
                     }
                     // Woken: the outcome landed (or the key was released); look again.
                 }
                 _ => {
-                    let reconciliation = reconciliation.as_ref();
                     // A record the claim could not replace always settles the request.
-                    return Ok(answer(&decision, &claim.scope, reconciliation)
-                        .unwrap_or_else(|| in_use(&decision, reconciliation)));
+                    return Ok(settle(&decision, claim.scope(), reconciliation.as_ref()));
                 }
             }
         }
@@ -345,9 +289,9 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                 response = &mut work => break response,
                 _ = renewals.tick() => {
                     let until = claim.clock.now().plus(policy.lease_hold());
-                    match store.renew(&claim.scope, claim.token, until).await {
+                    match store.renew(claim.scope(), claim.token(), until).await {
                         Ok(true) => {}
-                        Ok(false) => tracing::warn!(key = %claim.scope.log_label(), "lease lost while the work ran"),
+                        Ok(false) => tracing::warn!(key = %label, "lease lost while the work ran"),
                         Err(e) => tracing::warn!(error = %ErrorChain(&e), "lease renewal failed"),
                     }
                 }
@@ -367,17 +311,14 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                 tracing::error!(error = %e, "handler response failed");
                 let (_, retry_after) =
                     outcome_unknown(&store, &claim, reconciliation.as_ref()).await;
-                return Ok(problem(
-                    ProblemKind::OutcomeUnknown,
-                    "the response could not be produced; the outcome is unknown",
-                    Some(retry_after),
-                ));
+                return Ok(Refusal::OutcomeUnknown { retry_after }
+                    .response("the response could not be produced; the outcome is unknown"));
             }
         };
         let mut response = response;
         let stored_ok = match outcome {
-            Outcome::Store => store.complete(&claim.scope, claim.token, &stored).await,
-            Outcome::Release => store.release(&claim.scope, claim.token).await,
+            Outcome::Store => store.complete(claim.scope(), claim.token(), &stored).await,
+            Outcome::Release => store.release(claim.scope(), claim.token()).await,
             Outcome::Unknown => {
                 let (ended, retry_after) =
                     outcome_unknown(&store, &claim, reconciliation.as_ref()).await;
@@ -396,7 +337,7 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         match stored_ok {
             Ok(true) => {}
             Ok(false) => {
-                tracing::warn!(key = %claim.scope.log_label(), "outcome not stored: the claim was taken over")
+                tracing::warn!(key = %label, "outcome not stored: the claim was taken over")
             }
             // The work happened and the client gets its answer; left in progress, the record
             // would be taken over (the work run again) or reconciled once its lease runs out.
@@ -408,10 +349,10 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             }
             Err(e) => tracing::error!(error = %ErrorChain(&e), "storing the outcome failed"),
         }
-        count(match outcome {
-            Outcome::Store => "fresh",
-            _ => "not_stored",
-        });
+        match outcome {
+            Outcome::Store => Served::Fresh.count(),
+            _ => Served::NotStored.count(),
+        }
         Ok(response)
     }
 }
@@ -429,7 +370,7 @@ async fn outcome_unknown<St: Store>(
     match reconciliation {
         Some(schedule) => {
             let ended = store
-                .renew(&claim.scope, claim.token, claim.clock.now())
+                .renew(claim.scope(), claim.token(), claim.clock.now())
                 .await;
             schedule.request_pass();
             (ended, schedule.retry_after())
@@ -447,12 +388,12 @@ async fn store_outcome_later<St: Store>(
     stored: idem_core::StoredResponse,
     signal: Option<OutcomeSignal>,
 ) {
-    let label = claim.scope.log_label();
+    let label = claim.scope().log_label();
     let give_up = tokio::time::Instant::now() + claim.policy.lease;
     let mut pause = Duration::from_millis(100);
     loop {
         tokio::time::sleep(pause).await;
-        match store.complete(&claim.scope, claim.token, &stored).await {
+        match store.complete(claim.scope(), claim.token(), &stored).await {
             Ok(true) => {
                 tracing::info!(key = %label, "stored the outcome on a later try");
                 if let Some(signal) = &signal {
@@ -478,5 +419,5 @@ fn set_retry_after<B>(response: &mut Response<B>, after: Duration) {
     response
         .headers_mut()
         .entry(http::header::RETRY_AFTER)
-        .or_insert_with(|| http::HeaderValue::from(after.as_secs().max(1)));
+        .or_insert_with(|| retry_after_value(after));
 }

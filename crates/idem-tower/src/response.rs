@@ -1,4 +1,5 @@
-//! Responses the layer makes itself: problems and replays.
+//! Responses the layer makes itself: refusals and replays, and the one function that turns a
+//! decision into its answer.
 
 use std::time::Duration;
 
@@ -6,7 +7,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 pub(crate) use idem_core::ErrorChain;
-use idem_core::{Decision, Policy, ProblemKind, Scope, StoredResponse};
+use idem_core::{Decision, ProblemKind, Scope, StoredResponse};
 
 use crate::Reconciliation;
 
@@ -15,12 +16,99 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// Marks a replay whose body was over the storage cap and was not kept.
 pub const IDEMPOTENT_REPLAY: HeaderName = HeaderName::from_static("idempotent-replay");
 
-/// A problem-details response, with `Retry-After` where given.
-pub(crate) fn problem<B: From<Bytes>>(
-    kind: ProblemKind,
-    detail: impl Into<String>,
-    retry_after: Option<Duration>,
-) -> Response<B> {
+/// A problem the layer answers (docs/contract.md §2.8). Each knows its [`ProblemKind`] (and so
+/// its status), its `Retry-After` and its metric label, so no call site chooses them.
+///
+/// A type of this crate rather than methods on [`ProblemKind`]: the kind is idem-core's, shared
+/// with the gateway, while the `Retry-After` of an unknown outcome and the metric labels are
+/// this layer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    MissingKey,
+    MalformedKey,
+    MalformedBody,
+    BodyTooLarge,
+    BodyTimeout,
+    Mismatch,
+    InUse,
+    /// `retry_after`: when the outcome will be known, which depends on the reconciler.
+    OutcomeUnknown {
+        retry_after: Duration,
+    },
+    StoreUnavailable,
+}
+
+impl Refusal {
+    /// The problem type, which also gives the status.
+    pub(crate) fn kind(self) -> ProblemKind {
+        match self {
+            Self::MissingKey => ProblemKind::MissingKey,
+            Self::MalformedKey => ProblemKind::MalformedKey,
+            Self::MalformedBody => ProblemKind::MalformedBody,
+            Self::BodyTooLarge => ProblemKind::BodyTooLarge,
+            Self::BodyTimeout => ProblemKind::BodyTimeout,
+            Self::Mismatch => ProblemKind::Mismatch,
+            Self::InUse => ProblemKind::InUse,
+            Self::OutcomeUnknown { .. } => ProblemKind::OutcomeUnknown,
+            Self::StoreUnavailable => ProblemKind::StoreUnavailable,
+        }
+    }
+
+    /// The `Retry-After` it carries, if any. Refusals of the request itself carry none: the
+    /// client has to change the request, not wait.
+    pub(crate) fn retry_after(self) -> Option<Duration> {
+        match self {
+            Self::MissingKey
+            | Self::MalformedKey
+            | Self::MalformedBody
+            | Self::BodyTooLarge
+            | Self::BodyTimeout
+            | Self::Mismatch => None,
+            // A lease's remaining time is only the worst case (it is renewed while the work
+            // runs), and most work ends in well under a second: ask for a retry in one.
+            Self::InUse => Some(Duration::from_secs(1)),
+            Self::OutcomeUnknown { retry_after } => Some(retry_after),
+            Self::StoreUnavailable => Some(Duration::from_secs(1)),
+        }
+    }
+
+    /// Its `outcome` in `idem_requests_total`. A request in flight and one of unknown outcome
+    /// share `in_flight`: both are duplicates of work that is not settled.
+    pub(crate) fn metric_label(self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing_key",
+            Self::MalformedKey => "malformed_key",
+            Self::MalformedBody => "malformed_body",
+            Self::BodyTooLarge => "body_too_large",
+            Self::BodyTimeout => "body_timeout",
+            Self::Mismatch => "mismatch",
+            Self::InUse | Self::OutcomeUnknown { .. } => "in_flight",
+            Self::StoreUnavailable => "store_unavailable",
+        }
+    }
+
+    /// The answer to a request refused for this reason, counted under its label.
+    pub(crate) fn refuse<B: From<Bytes>>(self, detail: impl Into<String>) -> Response<B> {
+        count(self.metric_label());
+        self.response(detail)
+    }
+
+    /// The problem response alone, not counted: for failures of the layer or the handler
+    /// themselves (a panic, a response that could not be read), which are logged as errors
+    /// rather than counted as a request's outcome.
+    pub(crate) fn response<B: From<Bytes>>(self, detail: impl Into<String>) -> Response<B> {
+        let mut response = problem(self.kind(), detail);
+        if let Some(after) = self.retry_after() {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, retry_after_value(after));
+        }
+        response
+    }
+}
+
+/// A problem-details response of `kind`, with no `Retry-After`.
+pub(crate) fn problem<B: From<Bytes>>(kind: ProblemKind, detail: impl Into<String>) -> Response<B> {
     let problem = kind.with_detail(detail);
     let mut response = Response::new(B::from(Bytes::from(problem.to_json())));
     *response.status_mut() =
@@ -29,12 +117,12 @@ pub(crate) fn problem<B: From<Bytes>>(
         CONTENT_TYPE,
         HeaderValue::from_static("application/problem+json"),
     );
-    if let Some(after) = retry_after {
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
-    }
     response
+}
+
+/// A `Retry-After` value: whole seconds (the header's unit), at least one.
+pub(crate) fn retry_after_value(after: Duration) -> HeaderValue {
+    HeaderValue::from(after.as_secs().max(1))
 }
 
 /// The stored response, marked as a replay.
@@ -68,67 +156,138 @@ pub(crate) fn answer<B: From<Bytes>>(
     match decision {
         Decision::Fresh | Decision::Expired => None,
         Decision::Replay(stored) => {
-            count("replay");
+            Served::Replay.count();
             tracing::debug!(key = %scope.log_label(), "replayed");
             Some(replay(stored))
         }
-        Decision::Mismatch => Some(mismatch(scope)),
+        Decision::Mismatch => {
+            tracing::info!(key = %scope.log_label(), "key reused for a different request");
+            Some(Refusal::Mismatch.refuse(
+                "this Idempotency-Key was used for a different request (method, path, query, content type or body); use a new key for a new request",
+            ))
+        }
         Decision::InFlight { .. } | Decision::LeaseExpired { .. } => {
-            Some(in_use(decision, reconciliation))
+            Some(unsettled(decision, reconciliation))
         }
     }
 }
 
-pub(crate) fn in_use<B: From<Bytes>>(
+/// The answer for a record that a claim could not replace, which always settles the request:
+/// [`answer`], and for a decision that would have claimed the key, the answer to work whose
+/// outcome is not known.
+pub(crate) fn settle<B: From<Bytes>>(
+    decision: &Decision<'_>,
+    scope: &Scope,
+    reconciliation: Option<&Reconciliation>,
+) -> Response<B> {
+    answer(decision, scope, reconciliation).unwrap_or_else(|| unsettled(decision, reconciliation))
+}
+
+/// The answer to a duplicate of work that is still running or whose outcome is unknown.
+fn unsettled<B: From<Bytes>>(
     decision: &Decision<'_>,
     reconciliation: Option<&Reconciliation>,
 ) -> Response<B> {
-    count("in_flight");
     match decision {
-        // The lease's remaining time is only the worst case (it is renewed while the work
-        // runs); most work ends in well under a second, so ask for a retry in one.
-        Decision::InFlight { retry_after } => problem(
-            ProblemKind::InUse,
+        Decision::InFlight { .. } => Refusal::InUse.refuse(
             "a request with this Idempotency-Key holds its lease: it is running, or its worker stopped while a call it made may still be running; retry later with the same key",
-            Some((*retry_after).min(Duration::from_secs(1))),
         ),
-        _ => problem(
-            ProblemKind::OutcomeUnknown,
-            "the request with this Idempotency-Key ended without a known outcome; it is being reconciled with the system it called; retry after Retry-After with the same key",
+        _ => Refusal::OutcomeUnknown {
             // Without a reconciler only an operator resolves it (`idem keys`).
-            Some(reconciliation.map_or(Duration::from_secs(5), Reconciliation::retry_after)),
+            retry_after: reconciliation.map_or(Duration::from_secs(5), Reconciliation::retry_after),
+        }
+        .refuse(
+            "the request with this Idempotency-Key ended without a known outcome; it is being reconciled with the system it called; retry after Retry-After with the same key",
         ),
     }
 }
 
-pub(crate) fn count(outcome: &'static str) {
+/// What `idem_requests_total` counts besides refusals, which know their own label
+/// ([`Refusal::metric_label`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// A keyless request let through because keys are optional.
+    Passthrough,
+    /// A stored response replayed.
+    Replay,
+    /// Work done once and its outcome stored.
+    Fresh,
+    /// Work done and its outcome not stored (released, unknown, or rolled back).
+    NotStored,
+    /// A duplicate that started waiting for the original's outcome (its answer is counted
+    /// too, when it comes).
+    Waited,
+}
+
+impl Served {
+    /// Its `outcome` in `idem_requests_total`.
+    pub(crate) fn metric_label(self) -> &'static str {
+        match self {
+            Self::Passthrough => "passthrough",
+            Self::Replay => "replay",
+            Self::Fresh => "fresh",
+            Self::NotStored => "not_stored",
+            Self::Waited => "waited",
+        }
+    }
+
+    /// Counts one request as this.
+    pub(crate) fn count(self) {
+        count(self.metric_label());
+    }
+}
+
+fn count(outcome: &'static str) {
     metrics::counter!("idem_requests_total", "outcome" => outcome).increment(1);
 }
 
-pub(crate) fn too_large<B: From<Bytes>>(policy: &Policy) -> Response<B> {
-    problem(
-        ProblemKind::BodyTooLarge,
-        format!("the request body exceeds {} bytes", policy.body_limit),
-        None,
-    )
-}
-
-pub(crate) fn mismatch<B: From<Bytes>>(scope: &Scope) -> Response<B> {
-    count("mismatch");
-    tracing::info!(key = %scope.log_label(), "key reused for a different request");
-    problem(
-        ProblemKind::Mismatch,
-        "this Idempotency-Key was used for a different request (method, path, query, content type or body); use a new key for a new request",
-        None,
-    )
-}
-
+/// The answer when the record store failed: nothing was processed.
 pub(crate) fn store_unavailable<B: From<Bytes>>(error: &idem_store::Error) -> Response<B> {
-    count("store_unavailable");
     tracing::error!(error = %ErrorChain(error), "idempotency store failed");
-    problem(
-        ProblemKind::StoreUnavailable,
+    Refusal::StoreUnavailable.refuse(
         "the idempotency store is unavailable; the request was not processed; retry with the same key",
-        Some(std::time::Duration::from_secs(1)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/contract.md §2.8: which refusals carry `Retry-After`, and what.
+    #[test]
+    fn each_refusal_carries_the_retry_after_of_the_contract() {
+        let unknown = Refusal::OutcomeUnknown {
+            retry_after: Duration::from_secs(61),
+        };
+        let cases = [
+            (Refusal::MissingKey, 400, None),
+            (Refusal::MalformedKey, 400, None),
+            (Refusal::MalformedBody, 400, None),
+            (Refusal::Mismatch, 422, None),
+            (Refusal::InUse, 409, Some("1")),
+            (unknown, 409, Some("61")),
+            (Refusal::BodyTooLarge, 413, None),
+            (Refusal::BodyTimeout, 408, None),
+            (Refusal::StoreUnavailable, 503, Some("1")),
+        ];
+        for (refusal, status, retry_after) in cases {
+            let response: Response<Bytes> = refusal.response("d");
+            assert_eq!(response.status().as_u16(), status, "{refusal:?}");
+            assert_eq!(
+                response
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .map(|v| v.to_str().unwrap()),
+                retry_after,
+                "{refusal:?}"
+            );
+            assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        }
+    }
+
+    #[test]
+    fn a_retry_after_under_a_second_is_one() {
+        assert_eq!(retry_after_value(Duration::from_millis(300)), "1");
+        assert_eq!(retry_after_value(Duration::from_millis(2900)), "2");
+    }
 }
