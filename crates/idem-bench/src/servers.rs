@@ -430,7 +430,7 @@ pub(crate) async fn gateway(
     let config = GatewayConfig::new(
         upstream.parse()?,
         Secret::new(*b"idem-bench-secret-of-32-bytes...")?,
-    );
+    )?;
     let mut server = spawn(runtime, move |listener, shutdown| async move {
         match store {
             StoreUrl::Sqlite(url) => {

@@ -25,6 +25,7 @@ pub mod serve;
 pub mod simulate;
 pub mod store_url;
 mod sweeper;
+pub mod tls_args;
 pub mod worker;
 
 /// idem: safe retries for payment and order APIs.

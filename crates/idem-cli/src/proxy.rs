@@ -20,9 +20,15 @@ pub struct ProxyArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub listen: std::net::SocketAddr,
-    /// The API to protect, e.g. `http://127.0.0.1:3000`.
+    /// HTTPS for clients instead of HTTP.
+    #[command(flatten)]
+    pub tls: crate::tls_args::ServerTlsArgs,
+    /// The API to protect, e.g. `http://127.0.0.1:3000` or `https://api.internal:8443`.
     #[arg(long)]
     pub upstream: Uri,
+    /// Private CAs for an https upstream.
+    #[command(flatten)]
+    pub upstream_tls: crate::tls_args::ClientTlsArgs,
     /// Where records live: `sqlite://PATH`, `postgres://…` or `redis://HOST:PORT`.
     #[arg(long, default_value = "sqlite://idem-proxy.db")]
     pub store: String,
@@ -93,7 +99,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         Some(secret) => Secret::new(secret.as_bytes().to_vec()).context("--secret")?,
         None => Secret::load_or_create(&args.secret_file)?,
     };
-    let mut config = GatewayConfig::new(args.upstream.clone(), secret);
+    let mut config = GatewayConfig::new(args.upstream.clone(), secret)?;
     config.credential_header = args.credential_header.clone();
     config.require_auth = args.require_auth;
     config.policy.require_key = !args.key_optional;
@@ -103,6 +109,8 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     config.on_timeout = args.on_timeout;
     config.upstream_timeout = Duration::from_secs(args.upstream_timeout_secs);
     config.clock = Arc::new(idem_core::SystemClock);
+    config.upstream_tls = args.upstream_tls.load()?;
+    config.tls = args.tls.load()?;
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -116,7 +124,12 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     println!(
-        "idem proxy: listening on http://{} -> {} (store {})",
+        "idem proxy: listening on {}://{} -> {} (store {})",
+        if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
         listener.local_addr()?,
         args.upstream,
         redact(&args.store)
@@ -151,6 +164,7 @@ async fn run_on<St: Store>(
 ) -> anyhow::Result<ExitCode> {
     let admin_routes = admin_router(store.clone());
     let head_timeout = config.head_timeout;
+    let tls = config.tls.clone();
     // Redis expires its records itself too; SQLite and PostgreSQL rely on this alone.
     let sweeper = crate::sweeper::spawn(store.clone(), config.clock.clone());
     let gateway = idem_gateway::router(store, config);
@@ -162,9 +176,14 @@ async fn run_on<St: Store>(
         // Routes win over the gateway's fallback, so these two paths are the proxy's own.
         None => admin_routes.merge(gateway),
     };
-    let served = idem_gateway::server::serve(listener, app, head_timeout, shutdown_signal())
-        .await
-        .context("the gateway failed");
+    let served = match tls {
+        Some(tls) => {
+            idem_gateway::server::serve_tls(listener, app, head_timeout, tls, shutdown_signal())
+                .await
+        }
+        None => idem_gateway::server::serve(listener, app, head_timeout, shutdown_signal()).await,
+    }
+    .context("the gateway failed");
     sweeper.abort();
     served?;
     Ok(ExitCode::SUCCESS)

@@ -18,7 +18,7 @@
 //! use idem_store::SqliteStore;
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = SqliteStore::open("gateway.db").await?;
-//! let config = GatewayConfig::new("http://127.0.0.1:3000".parse()?, Secret::new(*b"a-secret-of-32-bytes-or-so.....")?);
+//! let config = GatewayConfig::new("http://127.0.0.1:3000".parse()?, Secret::new(*b"a-secret-of-32-bytes-or-so.....")?)?;
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8081").await?;
 //! serve(listener, store, config, std::future::pending()).await?;
 //! # Ok(()) }
@@ -41,9 +41,11 @@ use tokio::net::TcpListener;
 
 mod secret;
 pub mod server;
+pub mod tls;
 mod upstream;
 
 pub use secret::{Secret, SecretError};
+pub use tls::{ClientTls, ServerTls, TlsError};
 pub use upstream::KeyForwarding;
 
 use upstream::Upstream;
@@ -96,14 +98,21 @@ pub struct GatewayConfig {
     /// How long a client may take to send a request head before [`serve`] closes its
     /// connection (default [`server::HEAD_TIMEOUT`]).
     pub head_timeout: Duration,
+    /// How the upstream's certificate is checked when it is `https://` (default: the
+    /// platform's roots).
+    pub upstream_tls: ClientTls,
+    /// Serve clients over TLS with this certificate (HTTP/2 and HTTP/1.1 over ALPN) instead of
+    /// plain HTTP/1.1 (default).
+    pub tls: Option<ServerTls>,
     /// The clock.
     pub clock: Arc<dyn Clock>,
 }
 
 impl GatewayConfig {
-    /// The defaults for `upstream`.
-    pub fn new(upstream: Uri, secret: Secret) -> Self {
-        Self {
+    /// The defaults for `upstream`. Fails only when the platform's root certificates cannot
+    /// be loaded.
+    pub fn new(upstream: Uri, secret: Secret) -> Result<Self, TlsError> {
+        Ok(Self {
             upstream,
             secret,
             credential_header: header::AUTHORIZATION,
@@ -114,8 +123,10 @@ impl GatewayConfig {
             on_timeout: UnknownOutcome::Keep,
             upstream_timeout: Duration::from_secs(30),
             head_timeout: server::HEAD_TIMEOUT,
+            upstream_tls: ClientTls::platform()?,
+            tls: None,
             clock: Arc::new(SystemClock),
-        }
+        })
     }
 }
 
@@ -124,7 +135,7 @@ pub const POLICY_PATH: &str = "/.well-known/idempotency-policy";
 
 /// The gateway as an axum router over `store`.
 pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
-    let mut upstream = Upstream::new(config.upstream.clone());
+    let mut upstream = Upstream::new(config.upstream.clone(), &config.upstream_tls);
     upstream.timeout = config.upstream_timeout;
     upstream.forwarding = config.forwarding;
     upstream.secret = config.secret.clone();
@@ -222,5 +233,10 @@ pub async fn serve<St: Store>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let head_timeout = config.head_timeout;
-    server::serve(listener, router(store, config), head_timeout, shutdown).await
+    match config.tls.clone() {
+        Some(tls) => {
+            server::serve_tls(listener, router(store, config), head_timeout, tls, shutdown).await
+        }
+        None => server::serve(listener, router(store, config), head_timeout, shutdown).await,
+    }
 }

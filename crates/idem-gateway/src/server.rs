@@ -1,5 +1,6 @@
 //! The HTTP server loop of [`serve`](crate::serve), `idem serve` and `idem proxy`: axum's
-//! router on hyper, with a deadline for request heads.
+//! router on hyper, with a deadline for request heads, over plain TCP or TLS
+//! ([`serve_tls`]).
 //!
 //! Written out rather than `axum::serve` because that gives hyper no timer, so a client that
 //! sends half a request head (or nothing) holds its connection forever: a slowloris. Bodies
@@ -9,12 +10,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+
+use crate::tls::ServerTls;
 
 /// How long a client may take to send a request head.
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -30,6 +33,29 @@ pub async fn serve(
     head_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    accept_loop(listener, router, head_timeout, None, shutdown).await
+}
+
+/// [`serve`] over TLS: HTTP/2 to clients that ask for it over ALPN, HTTP/1.1 to the rest. The
+/// handshake has the head's deadline too, so a client that stalls in it is dropped.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    head_timeout: Duration,
+    tls: ServerTls,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    accept_loop(listener, router, head_timeout, Some(tls), shutdown).await
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    head_timeout: Duration,
+    tls: Option<ServerTls>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let acceptor = tls.map(|tls| tls.acceptor());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -46,11 +72,33 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let connection = graceful.watch(connection(stream, router.clone(), head_timeout));
-        tokio::spawn(async move {
-            // A client that goes away or times out ends its connection; nothing to report.
-            let _ = connection.await;
-        });
+        let router = router.clone();
+        // A client that goes away, times out or fails its handshake ends its connection;
+        // nothing to report.
+        match &acceptor {
+            None => {
+                let connection = graceful.watch(connection(stream, router, head_timeout));
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+            }
+            Some(acceptor) => {
+                let handshake = acceptor.accept(stream);
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let Ok(Ok(stream)) = tokio::time::timeout(head_timeout, handshake).await else {
+                        return;
+                    };
+                    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                        let _ = watcher.watch(h2_connection(stream, router)).await;
+                    } else {
+                        let _ = watcher
+                            .watch(connection(stream, router, head_timeout))
+                            .await;
+                    }
+                });
+            }
+        }
     }
     if tokio::time::timeout(DRAIN, graceful.shutdown())
         .await
@@ -59,6 +107,23 @@ pub async fn serve(
         tracing::warn!("connections still open after {DRAIN:?}; closing them");
     }
     Ok(())
+}
+
+/// An HTTP/2 connection (TLS with ALPN `h2` only). hyper has no head deadline for HTTP/2; its
+/// keep-alive pings close a connection whose peer stops answering.
+fn h2_connection<I>(
+    io: I,
+    router: Router,
+) -> http2::Connection<TokioIo<I>, TowerToHyperService<Router>, TokioExecutor>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(HEAD_TIMEOUT))
+        .keep_alive_timeout(Duration::from_secs(20));
+    builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
 }
 
 /// One client connection of the server loop: `router` on hyper's HTTP/1, closed when a request
@@ -72,9 +137,9 @@ pub fn connection<I>(
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    // HTTP/1.1 only: the clients of a payments API speak it, and HTTP/2 detection would wait
-    // for a preface before any head deadline applies. No upgrades: nothing here speaks
-    // WebSocket.
+    // HTTP/1.1 only on plain TCP: the clients of a payments API speak it, and HTTP/2 detection
+    // would wait for a preface before any head deadline applies (over TLS, ALPN tells instead).
+    // No upgrades: nothing here speaks WebSocket.
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

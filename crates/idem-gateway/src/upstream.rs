@@ -11,6 +11,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -18,7 +19,7 @@ use idem_core::{ProblemKind, Scope};
 use idem_tower::Outcome;
 use tower::Service;
 
-use crate::{Secret, UnknownOutcome};
+use crate::{ClientTls, Secret, UnknownOutcome};
 
 /// What the upstream receives in its `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub enum KeyForwarding {
 /// Forwards requests to one upstream.
 #[derive(Debug, Clone)]
 pub(crate) struct Upstream {
-    pub(crate) client: Client<HttpConnector, Body>,
+    pub(crate) client: Client<HttpsConnector<HttpConnector>, Body>,
     pub(crate) base: Uri,
     pub(crate) timeout: Duration,
     pub(crate) forwarding: KeyForwarding,
@@ -45,10 +46,18 @@ pub(crate) struct Upstream {
 }
 
 impl Upstream {
-    pub(crate) fn new(base: Uri) -> Self {
+    /// An upstream at `base` (`http://` or `https://`, checked with `tls`).
+    pub(crate) fn new(base: Uri, tls: &ClientTls) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        // The TLS layer above takes https; plain http passes through it untouched.
+        connector.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config((*tls.config()).clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             base,

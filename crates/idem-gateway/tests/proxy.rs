@@ -163,7 +163,8 @@ async fn start_proxy_to<St: Store>(
     let mut config = GatewayConfig::new(
         format!("http://{upstream_addr}").parse().unwrap(),
         Secret::new(b"test-secret-0123456789".to_vec()).unwrap(),
-    );
+    )
+    .expect("the platform's roots");
     config.clock = Arc::new(clock.clone());
     adjust(&mut config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

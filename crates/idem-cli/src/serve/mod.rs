@@ -40,6 +40,9 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// HTTPS instead of HTTP.
+    #[command(flatten)]
+    pub tls: crate::tls_args::ServerTlsArgs,
     /// Where records and payments live: `sqlite://PATH` (created on first start) or
     /// `postgres://USER@HOST/DB` (shared by any number of `idem serve` instances).
     #[arg(long, default_value = "sqlite://idem.db")]
@@ -133,6 +136,8 @@ pub struct ServeConfig {
     pub wait_for_outcome: Duration,
     /// How long a client may take to send a request head.
     pub head_timeout: Duration,
+    /// Serve HTTPS with this certificate instead of plain HTTP.
+    pub tls: Option<idem_gateway::ServerTls>,
     /// The broker the outbox relays to; `None` writes no events.
     pub broker: Option<idem_consumer::any::BrokerSettings>,
     /// How often the relay looks for events.
@@ -164,6 +169,7 @@ impl ServeConfig {
             reconcile_every: None,
             wait_for_outcome: Duration::ZERO,
             head_timeout: idem_gateway::server::HEAD_TIMEOUT,
+            tls: None,
             broker: None,
             relay_poll: Duration::from_millis(200),
             fault_pause_after_publish: false,
@@ -205,14 +211,20 @@ impl ServeConfig {
 
 /// Runs `idem serve` until Ctrl-C or SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = ServeConfig::from_args(&args);
+    let mut config = ServeConfig::from_args(&args);
+    config.tls = args.tls.load()?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let mut accounts: Vec<_> = config.tokens.iter().collect();
     accounts.sort_by(|a, b| a.1.cmp(b.1));
     println!(
-        "idem serve: listening on http://{} (database {})",
+        "idem serve: listening on {}://{} (database {})",
+        if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        },
         listener.local_addr()?,
         redact(&config.database)
     );
@@ -286,9 +298,14 @@ async fn serve_on<B: Backend>(
     background.extend(relay.into_iter().flatten());
 
     let router = app.router(config);
-    let result = idem_gateway::server::serve(listener, router, config.head_timeout, shutdown)
-        .await
-        .context("the server failed");
+    let result = match config.tls.clone() {
+        Some(tls) => {
+            idem_gateway::server::serve_tls(listener, router, config.head_timeout, tls, shutdown)
+                .await
+        }
+        None => idem_gateway::server::serve(listener, router, config.head_timeout, shutdown).await,
+    }
+    .context("the server failed");
     for task in background {
         task.abort();
     }

@@ -25,7 +25,7 @@ pub use idem_store::testing::PgTestDatabase as PgDatabase;
 /// A running `idem` command that serves HTTP (`serve`, `proxy`); dropping it kills the
 /// process.
 pub struct Idem {
-    /// `http://127.0.0.1:PORT`, as the process announced it.
+    /// `http://127.0.0.1:PORT` (or `https://`), as the process announced it.
     pub url: String,
     what: &'static str,
     child: Child,
@@ -55,7 +55,11 @@ impl Idem {
         };
         idem.url = announced_url(stdout, what, || read_log(&idem.log)).await;
         // The listener is bound, so this request waits in its backlog until the service runs.
-        let health = reqwest::Client::new()
+        // This probe only asks whether the process is up; the TLS tests check certificates.
+        let health = reqwest::Client::builder()
+            .tls_danger_accept_invalid_certs(true)
+            .build()
+            .expect("a client")
             .get(format!("{}/healthz", idem.url))
             .timeout(START_TIMEOUT)
             .send()
@@ -111,9 +115,15 @@ pub struct Serve {
 impl Serve {
     /// Starts `idem serve --database DATABASE` on a free loopback port (see [`Idem`]).
     pub async fn start(database: &str) -> Self {
+        Self::start_with(database, &[]).await
+    }
+
+    /// [`Serve::start`] with more flags.
+    pub async fn start_with(database: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let log = dir.path().join("serve.log");
-        let args = ["serve", "--listen", "127.0.0.1:0", "--database", database];
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--database", database];
+        args.extend_from_slice(extra);
         let idem = Idem::start("idem serve", &args, dir.path(), log).await;
         Self { idem, _dir: dir }
     }
@@ -167,7 +177,7 @@ async fn announced_url(
     };
     first
         .split_whitespace()
-        .find(|w| w.starts_with("http://"))
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"))
         .unwrap_or_else(|| panic!("no address in {first:?}"))
         .to_owned()
 }

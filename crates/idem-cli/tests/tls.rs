@@ -1,0 +1,310 @@
+//! HTTPS end to end (docs/contract.md §9), with a throwaway CA made by rcgen: `idem serve` and
+//! `idem proxy` terminate TLS (HTTP/2 and HTTP/1.1 over ALPN, checked with curl), `idem drill`
+//! checks APIs over https, and the proxy calls an https upstream. A certificate the client
+//! does not trust is refused with an error naming the host.
+
+mod common;
+#[path = "common/processes.rs"]
+mod processes;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::routing::post;
+use common::{ALICE, BOB};
+use processes::{Idem, Serve};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
+};
+use serde_json::Value;
+
+/// A CA of the test's own, and a server certificate it signed for `localhost` and 127.0.0.1,
+/// as PEM files in a temporary directory.
+struct Pki {
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // Distinct names: with rcgen's one default name for both, OpenSSL (curl) would take
+        // the leaf for a self-signed certificate.
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.distinguished_name = name("idem test CA");
+        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut leaf =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        leaf.distinguished_name = name("localhost");
+        let leaf = leaf.signed_by(&key, &ca).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.path().join("server.pem"), leaf.pem()).unwrap();
+        std::fs::write(dir.path().join("server.key"), key.serialize_pem()).unwrap();
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    fn ca(&self) -> String {
+        self.path("ca.pem")
+    }
+
+    /// `--tls-cert … --tls-key …` for a server.
+    fn server_flags(&self) -> [String; 4] {
+        [
+            "--tls-cert".into(),
+            self.path("server.pem"),
+            "--tls-key".into(),
+            self.path("server.key"),
+        ]
+    }
+}
+
+fn name(common_name: &str) -> DistinguishedName {
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, common_name);
+    name
+}
+
+/// `idem serve` over TLS on SQLite in its own directory.
+async fn serve_tls(pki: &Pki, dir: &Path) -> Serve {
+    let database = format!("sqlite://{}", dir.join("idem.db").display());
+    let flags = pki.server_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Serve::start_with(&database, &flags).await
+}
+
+/// `https://localhost:PORT`: the name on the certificate, not the address the server printed.
+fn by_name(url: &str) -> String {
+    url.replace("127.0.0.1", "localhost")
+}
+
+async fn idem(args: Vec<String>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn drill_args(url: &str, extra: &[&str]) -> Vec<String> {
+    ["drill", "--url", url, "--token-a", ALICE, "--token-b", BOB]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The drill's JSON report: every check passed but the expiry one, which the default
+/// retention (a day) skips.
+fn assert_drill_passed(output: &Output) {
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        text(&output.stderr)
+    );
+    let json: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (&json["passed"], &json["failed"], &json["skipped"]),
+        (&8.into(), &0.into(), &1.into()),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drill_passes_against_idem_serve_over_https() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_tls(&pki, dir.path()).await;
+    assert!(server.url.starts_with("https://"), "{}", server.url);
+    let url = format!("{}/payments", by_name(&server.url));
+    let output = idem(drill_args(&url, &["--ca-cert", &pki.ca(), "--json"])).await;
+    assert_drill_passed(&output);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drill_names_the_failed_checks_of_a_broken_api_over_https() {
+    let pki = Pki::new();
+    // Every POST is a new payment, key or not.
+    let router = Router::new().route(
+        "/payments",
+        post(|_body: Bytes| async {
+            let id = format!("pay_{}", uuid::Uuid::new_v4().simple());
+            (
+                axum::http::StatusCode::CREATED,
+                axum::Json(serde_json::json!({ "id": id })),
+            )
+        }),
+    );
+    let tls = idem_gateway::ServerTls::from_pem_files(
+        Path::new(&pki.path("server.pem")),
+        Path::new(&pki.path("server.key")),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://localhost:{}/payments",
+        listener.local_addr().unwrap().port()
+    );
+    tokio::spawn(idem_gateway::server::serve_tls(
+        listener,
+        router,
+        idem_gateway::server::HEAD_TIMEOUT,
+        tls,
+        std::future::pending(),
+    ));
+    let output = idem(drill_args(&url, &["--ca-cert", &pki.ca()])).await;
+    let stdout = text(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "{stdout}{}",
+        text(&output.stderr)
+    );
+    for check in ["concurrent", "replay", "body-mismatch", "missing-key"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(check) && l.contains("FAIL")),
+            "{check} should fail:\n{stdout}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_the_client_does_not_trust_is_refused_naming_the_host() {
+    let pki = Pki::new();
+    let stranger = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_tls(&pki, dir.path()).await;
+    let url = format!("{}/payments", by_name(&server.url));
+    // Another CA's certificate, then the platform's roots alone: both refused before any check.
+    for extra in [vec!["--ca-cert".to_owned(), stranger.ca()], vec![]] {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let output = idem(drill_args(&url, &extra)).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{extra:?}");
+        assert!(
+            stderr.contains("cannot reach https://localhost:"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("certificate"), "{stderr}");
+    }
+    // A CA file that holds no certificate is a usage error naming the file.
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let output = idem(drill_args(&url, &["--ca-cert", empty.to_str().unwrap()])).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("empty.pem"), "{stderr}");
+}
+
+/// curl, asking for HTTP/2 and for HTTP/1.1: ALPN gives each what it asked for, and a retried
+/// POST is a replay either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idem_serve_speaks_http2_and_http1_over_alpn_to_curl() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve_tls(&pki, dir.path()).await;
+    let url = format!("{}/payments", by_name(&server.url));
+    let key = uuid::Uuid::new_v4().to_string();
+    for (flag, version, replayed) in [("--http2", "2", false), ("--http1.1", "1.1", true)] {
+        let output = Command::new("curl")
+            .args([
+                "-sS",
+                flag,
+                "--cacert",
+                &pki.ca(),
+                "-D",
+                "-",
+                "-o",
+                "/dev/null",
+            ])
+            .args(["-w", "version=%{http_version}\n"])
+            .args(["-H", &format!("authorization: Bearer {ALICE}")])
+            .args(["-H", &format!("idempotency-key: {key}")])
+            .args(["-H", "content-type: application/json"])
+            .args(["--data", r#"{"amount": 1200, "currency": "EUR"}"#, &url])
+            .output()
+            .expect("curl is installed");
+        let out = text(&output.stdout).to_ascii_lowercase();
+        assert!(output.status.success(), "{out}{}", text(&output.stderr));
+        assert!(out.contains(&format!("version={version}\n")), "{out}");
+        assert!(out.contains(" 201"), "{out}");
+        assert_eq!(out.contains("idempotent-replayed: true"), replayed, "{out}");
+    }
+}
+
+/// `idem proxy` over TLS in front of `idem serve` over TLS: the drill passes through both
+/// hops; without the CA, the proxy cannot reach its upstream and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_serves_https_in_front_of_an_https_upstream() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = serve_tls(&pki, dir.path()).await;
+    let upstream_url = by_name(&upstream.url);
+    let flags = pki.server_flags();
+    let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
+    let ca = pki.ca();
+    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    args.extend([
+        "--store",
+        &store,
+        "--secret",
+        "a-test-secret-of-some-length",
+    ]);
+    let with_ca = [args.clone(), vec!["--ca-cert", &ca]].concat();
+    let proxy = Idem::start_proxy(
+        dir.path(),
+        &upstream_url,
+        &with_ca,
+        dir.path().join("proxy.log"),
+    )
+    .await;
+    assert!(proxy.url.starts_with("https://"), "{}", proxy.url);
+    let url = format!("{}/payments", by_name(&proxy.url));
+    let output = idem(drill_args(&url, &["--ca-cert", &ca, "--json"])).await;
+    assert_drill_passed(&output);
+
+    // The upstream's certificate is not trusted without --ca-cert: a 502, and nothing stored.
+    let store = format!("sqlite://{}", dir.path().join("proxy2.db").display());
+    args[5] = &store;
+    let untrusting = Idem::start_proxy(
+        dir.path(),
+        &upstream_url,
+        &args,
+        dir.path().join("proxy2.log"),
+    )
+    .await;
+    let client = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(PathBuf::from(&ca)).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap();
+    let response = client
+        .post(format!("{}/payments", by_name(&untrusting.url)))
+        .bearer_auth(ALICE)
+        .header("idempotency-key", uuid::Uuid::new_v4().to_string())
+        .json(&serde_json::json!({"amount": 700, "currency": "EUR"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 502);
+}
