@@ -13,17 +13,16 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_core::{
-    AccountId, FencingToken, Fingerprint, Record, RecordState, Scope, StoredResponse, Timestamp,
-};
+use idem_core::{FencingToken, Record, Scope, StoredResponse, Timestamp};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
 use sqlx::{Row, SqliteConnection};
 
+use crate::sql::{RecordColumns, ResponseColumns, stored_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim, stored_scope,
+    TxClaim,
 };
 
 mod group_commit;
@@ -233,35 +232,21 @@ fn lost_to_nothing(scope: &Scope) -> Error {
 }
 
 fn record_from_row(scope: &Scope, row: &SqliteRow) -> Result<Record> {
-    let corrupt = |what: &str| Error::Corrupt(format!("{what} for key {}", scope.log_label()));
-    let hash: Vec<u8> = row.try_get("request_hash")?;
-    let fingerprint = Fingerprint::try_from(hash.as_slice())
-        .map_err(|_| corrupt("a request hash of bad length"))?;
-    let status: String = row.try_get("status")?;
-    let state = match status.as_str() {
-        "in_progress" => RecordState::InProgress {
-            lease_until: Timestamp(row.try_get("lease_until")?),
-            token: FencingToken(row.try_get("fencing_token")?),
-        },
-        "completed" => {
-            let code: i64 = row.try_get("response_code")?;
-            let headers: String = row.try_get("response_headers")?;
-            RecordState::Completed(StoredResponse {
-                status: u16::try_from(code).map_err(|_| corrupt("a bad response code"))?,
-                headers: serde_json::from_str(&headers)
-                    .map_err(|_| corrupt("unreadable response headers"))?,
-                body: row.try_get("response_body")?,
-                body_omitted: row.try_get("body_omitted")?,
-            })
-        }
-        _ => return Err(corrupt("an unknown status")),
+    let columns = RecordColumns {
+        request_hash: row.try_get("request_hash")?,
+        status: row.try_get("status")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        lease_until: row.try_get("lease_until")?,
+        fencing_token: row.try_get("fencing_token")?,
     };
-    Ok(Record {
-        scope: Scope::new(AccountId::new(scope.account.as_str()), scope.key.clone()),
-        fingerprint,
-        state,
-        created_at: Timestamp(row.try_get("created_at")?),
-        expires_at: Timestamp(row.try_get("expires_at")?),
+    columns.into_record(scope, || {
+        Ok(ResponseColumns {
+            code: row.try_get("response_code")?,
+            headers: row.try_get("response_headers")?,
+            body: row.try_get("response_body")?,
+            body_omitted: row.try_get("body_omitted")?,
+        })
     })
 }
 
