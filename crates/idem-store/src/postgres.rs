@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::sql::{RecordColumns, ResponseColumns, stored_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim,
+    TxClaim, is_unavailable,
 };
 
 /// The transaction a handler writes through in transaction mode.
@@ -186,8 +186,7 @@ impl PgStore {
             })
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect(url)
-            .await
-            .map_err(classify)?;
+            .await?;
         Self::from_pool(pool).await
     }
 
@@ -224,26 +223,8 @@ async fn migrate(pool: &PgPool) -> Result<()> {
     match migrator.run(pool).await {
         Ok(()) => Ok(()),
         // A lazy pool first meets the database here.
-        Err(MigrateError::Execute(e)) if is_connection_failure(&e) => {
-            Err(Error::Unavailable(Box::new(e)))
-        }
+        Err(MigrateError::Execute(e)) if is_unavailable(&e) => Err(Error::Unavailable(Box::new(e))),
         Err(e) => Err(Error::Migrate(e)),
-    }
-}
-
-/// Whether the database could not be reached: the failures the crate's `From` classifies
-/// by kind, plus PostgreSQL's own answers for a server that refuses or drops the session
-/// (SQLSTATE class 08, too many connections, shutting down, starting up).
-fn is_connection_failure(e: &sqlx::Error) -> bool {
-    crate::is_unavailable(e)
-}
-
-/// The store's error for a failed statement.
-fn classify(e: sqlx::Error) -> Error {
-    if is_connection_failure(&e) {
-        Error::Unavailable(Box::new(e))
-    } else {
-        Error::Database(e)
     }
 }
 
@@ -301,8 +282,7 @@ async fn get_on<'e>(ex: impl PgExecutor<'e>, scope: &Scope) -> Result<Option<Rec
         .bind(scope.account.as_str())
         .bind(scope.key.as_str())
         .fetch_optional(ex)
-        .await
-        .map_err(classify)?;
+        .await?;
     row.map(|row| record_from_row(scope, &row)).transpose()
 }
 
@@ -322,8 +302,7 @@ async fn complete_on<'e>(
         .bind(&response.body[..])
         .bind(response.body_omitted)
         .execute(ex)
-        .await
-        .map_err(classify)?;
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -354,7 +333,7 @@ impl Store for PgStore {
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
         for _ in 0..CLAIM_ATTEMPTS {
-            if claim_on(&self.pool, claim, None).await.map_err(classify)? {
+            if claim_on(&self.pool, claim, None).await? {
                 return Ok(ClaimOutcome::Claimed);
             }
             // The claim lost to a record; read it in a new statement. It may have been
@@ -387,8 +366,7 @@ impl Store for PgStore {
             .bind(token.0)
             .bind(lease_until.0)
             .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -398,8 +376,7 @@ impl Store for PgStore {
             .bind(scope.key.as_str())
             .bind(token.0)
             .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -408,8 +385,7 @@ impl Store for PgStore {
             .bind(now.0)
             .bind(i64::from(batch))
             .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .await?;
         Ok(done.rows_affected())
     }
 }
@@ -423,7 +399,7 @@ impl TransactionalStore for PgStore {
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = match tokio::time::timeout_at(deadline, self.pool.begin_with(BEGIN)).await
             {
-                Ok(tx) => tx.map_err(classify)?,
+                Ok(tx) => tx?,
                 Err(_elapsed) => return self.wait_ran_out(),
             };
             let lock_wait =
@@ -435,16 +411,16 @@ impl TransactionalStore for PgStore {
                 Err(e) if is_lock_timeout(&e) => {
                     // The timeout aborted the transaction; end it so the connection goes back
                     // to the pool now.
-                    tx.rollback().await.map_err(classify)?;
+                    tx.rollback().await?;
                     return Ok(TxClaim::Busy);
                 }
-                Err(e) => return Err(classify(e)),
+                Err(e) => return Err(e.into()),
             }
             // The claim lost to a committed record (and holds its row lock until the rollback).
             // Under READ COMMITTED this new statement sees it; should it have vanished all the
             // same, the key is free and the claim starts over.
             let record = get_on(&mut *tx, &claim.scope).await?;
-            tx.rollback().await.map_err(classify)?;
+            tx.rollback().await?;
             if let Some(record) = record {
                 return Ok(TxClaim::Existing(record));
             }
@@ -465,12 +441,12 @@ impl TransactionalStore for PgStore {
                 scope.log_label()
             )));
         }
-        tx.commit().await.map_err(classify)?;
+        tx.commit().await?;
         Ok(())
     }
 
     async fn rollback(&self, tx: PgTx) -> Result<()> {
-        tx.rollback().await.map_err(classify)?;
+        tx.rollback().await?;
         Ok(())
     }
 }
@@ -497,12 +473,11 @@ impl AdminStore for PgStore {
         .bind(filter.lease_expired_by.map(|t| t.0))
         .bind(filter.limit())
         .fetch_all(&self.pool)
-        .await
-        .map_err(classify)?;
+        .await?;
         rows.iter()
             .map(|row| {
-                let account: String = row.try_get("account_id").map_err(classify)?;
-                let key: String = row.try_get("idem_key").map_err(classify)?;
+                let account: String = row.try_get("account_id")?;
+                let key: String = row.try_get("idem_key")?;
                 record_from_row(&stored_scope(account, key)?, row)
             })
             .collect()
@@ -514,8 +489,7 @@ impl AdminStore for PgStore {
                 .bind(scope.account.as_str())
                 .bind(scope.key.as_str())
                 .execute(&self.pool)
-                .await
-                .map_err(classify)?;
+                .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -535,8 +509,7 @@ impl AdminStore for PgStore {
         .bind(&response.body[..])
         .bind(response.body_omitted)
         .execute(&self.pool)
-        .await
-        .map_err(classify)?;
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 }
