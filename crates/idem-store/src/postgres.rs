@@ -59,14 +59,23 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 // Claims a key if no record holds it, or replaces a record the claim may replace (past its
 // retention and not held by a live lease; or, if allowed, a stale claim of the same request).
 // One statement, so two claims can never both win. `excluded.created_at` is the claim's "now".
-const CLAIM: &str = "
+// `$before` and `$after` wrap the claimed row's values ($1 to $7): `VALUES (…)` here, a
+// `SELECT … FROM` a CTE in transaction mode. (A macro, so that `concat!` can wrap it.)
+macro_rules! claim_sql {
+    ($before:literal, $after:literal) => {
+        concat!(
+            "
 INSERT INTO idempotency_keys AS k
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-VALUES ($1, $2, $3, 'in_progress',
+",
+            $before,
+            "$1, $2, $3, 'in_progress',
         to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
         to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
         to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
-        $7)
+        $7",
+            $after,
+            "
 ON CONFLICT (account_id, idem_key) DO UPDATE SET
     request_hash = excluded.request_hash,
     status = 'in_progress',
@@ -83,7 +92,11 @@ WHERE (k.expires_at <= excluded.created_at
    OR ($8 AND k.status = 'in_progress'
        AND k.lease_until <= excluded.created_at
        AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token";
+RETURNING fencing_token"
+        )
+    };
+}
+const CLAIM: &str = claim_sql!("VALUES (", ")");
 
 const SELECT: &str = "
 SELECT request_hash, status, response_code, response_headers::text AS response_headers,
@@ -134,36 +147,15 @@ const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 // `lock_timeout` when a wait starts). RETURNING puts the old setting back once the key is
 // ours: the handler's own writes should not inherit the claim's (possibly nearly spent) wait.
 // A claim that loses or times out ends in a rollback, which undoes the setting anyway.
-const CLAIM_WITH_LOCK_TIMEOUT: &str = "
+const CLAIM_WITH_LOCK_TIMEOUT: &str = concat!(
+    "
 WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
      bounded AS MATERIALIZED (
-         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)
-INSERT INTO idempotency_keys AS k
-    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-SELECT $1, $2, $3, 'in_progress',
-       to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
-       to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
-       to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
-       $7
-FROM bounded
-ON CONFLICT (account_id, idem_key) DO UPDATE SET
-    request_hash = excluded.request_hash,
-    status = 'in_progress',
-    response_code = NULL,
-    response_headers = NULL,
-    response_body = NULL,
-    body_omitted = false,
-    created_at = excluded.created_at,
-    expires_at = excluded.expires_at,
-    lease_until = excluded.lease_until,
-    fencing_token = excluded.fencing_token
-WHERE (k.expires_at <= excluded.created_at
-       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
-   OR ($8 AND k.status = 'in_progress'
-       AND k.lease_until <= excluded.created_at
-       AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token,
-          (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)";
+         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)",
+    claim_sql!("SELECT ", "\nFROM bounded"),
+    ",
+          (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)"
+);
 
 impl PgStore {
     /// Connects to the database named by a URL such as `postgres://user@host/db` (a pool of
