@@ -107,11 +107,15 @@ SELECT request_hash, status, response_code, response_headers::text AS response_h
        fencing_token
 FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2";
 
+// Completes an in-progress record: the one the claim holding the token $3 holds, or, with $3
+// NULL, whatever claim holds it (an operator's `force_complete`). One statement, so the token
+// is matched by the write itself.
 const COMPLETE: &str = "
 UPDATE idempotency_keys
 SET status = 'completed', response_code = $4, response_headers = $5::jsonb, response_body = $6,
     body_omitted = $7
-WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'";
+WHERE account_id = $1 AND idem_key = $2 AND ($3::bigint IS NULL OR fencing_token = $3)
+  AND status = 'in_progress'";
 
 const RENEW: &str = "
 UPDATE idempotency_keys
@@ -278,17 +282,19 @@ async fn get_on<'e>(ex: impl PgExecutor<'e>, scope: &Scope) -> Result<Option<Rec
     row.map(|row| record_from_row(scope, &row)).transpose()
 }
 
+/// Runs [`COMPLETE`]; whether the in-progress record held by `token` (any token if `None`) was
+/// completed.
 async fn complete_on<'e>(
     ex: impl PgExecutor<'e>,
     scope: &Scope,
-    token: FencingToken,
+    token: Option<FencingToken>,
     response: &StoredResponse,
 ) -> Result<bool> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
     let done = sqlx::query(COMPLETE)
         .bind(scope.account.as_str())
         .bind(scope.key.as_str())
-        .bind(token.0)
+        .bind(token.map(|token| token.0))
         .bind(i32::from(response.status))
         .bind(headers)
         .bind(&response.body[..])
@@ -343,7 +349,7 @@ impl Store for PgStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool> {
-        complete_on(&self.pool, scope, token, response).await
+        complete_on(&self.pool, scope, Some(token), response).await
     }
 
     async fn renew(
@@ -427,7 +433,7 @@ impl TransactionalStore for PgStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<()> {
-        if !complete_on(&mut *tx, scope, token, response).await? {
+        if !complete_on(&mut *tx, scope, Some(token), response).await? {
             return Err(Error::Raced(format!(
                 "the key row of {} vanished inside its own transaction",
                 scope.log_label()
@@ -486,22 +492,6 @@ impl AdminStore for PgStore {
     }
 
     async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
-        // One statement: the token is read and matched by the same UPDATE.
-        let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-        let done = sqlx::query(
-            "UPDATE idempotency_keys
-             SET status = 'completed', response_code = $3, response_headers = $4::jsonb,
-                 response_body = $5, body_omitted = $6
-             WHERE account_id = $1 AND idem_key = $2 AND status = 'in_progress'",
-        )
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
-        .bind(i32::from(response.status))
-        .bind(headers)
-        .bind(&response.body[..])
-        .bind(response.body_omitted)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        complete_on(&self.pool, scope, None, response).await
     }
 }
