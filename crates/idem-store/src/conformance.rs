@@ -487,10 +487,24 @@ pub async fn admin_lists_purges_and_force_completes<S: AdminStore>(store: S) {
             .await
             .unwrap()
     );
+    assert!(
+        !store
+            .force_complete(&scope("acct_a", "admin-none-001"), &response("none"))
+            .await
+            .unwrap()
+    );
     assert!(matches!(
         store.get(&running).await.unwrap().unwrap().state,
         RecordState::Completed(ref r) if r.body == b"operator"
     ));
+    assert!(matches!(
+        store.get(&done).await.unwrap().unwrap().state,
+        RecordState::Completed(ref r) if r.body == b"{}"
+    ));
+    assert_eq!(
+        store.get(&scope("acct_a", "admin-none-001")).await.unwrap(),
+        None
+    );
     assert!(store.purge(&done).await.unwrap());
     assert!(!store.purge(&done).await.unwrap());
     assert_eq!(store.get(&done).await.unwrap(), None);

@@ -19,7 +19,8 @@ pub enum Error {
     #[cfg(feature = "redis")]
     #[error("the Redis idempotency store failed")]
     Redis(#[source] redis::RedisError),
-    /// A row could not be read back as a record.
+    /// A stored record (an SQL row, a Redis hash) could not be read back as a record: it is
+    /// corrupt, not merely gone or changed (that is [`Error::Raced`]).
     #[error("a stored idempotency record is corrupt: {0}")]
     Corrupt(String),
     /// Concurrent changes left the operation nothing consistent to act on (a claim kept losing

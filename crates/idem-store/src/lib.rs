@@ -49,6 +49,8 @@ mod error;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis_store;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -248,19 +250,6 @@ pub trait AdminStore: Store {
         scope: &Scope,
         response: &StoredResponse,
     ) -> impl Future<Output = Result<bool>> + Send;
-}
-
-/// Rebuilds a scope read back from a store: the key was validated when it was stored, under
-/// limits that may since have changed, so it is not validated again.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-fn stored_scope(account: String, key: String) -> Result<Scope> {
-    let limits = idem_core::KeyLimits {
-        min_len: 1,
-        max_len: usize::MAX,
-    };
-    let key = idem_core::IdempotencyKey::new(key, limits)
-        .map_err(|e| Error::Corrupt(format!("a stored key is invalid: {e}")))?;
-    Ok(Scope::new(AccountId::new(account), key))
 }
 
 /// Runs the sweeper once: deletes expired records in batches until none is left.

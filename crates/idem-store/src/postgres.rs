@@ -18,17 +18,16 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    AccountId, FencingToken, Fingerprint, Record, RecordState, Scope, StoredResponse, Timestamp,
-};
+use idem_core::{FencingToken, Record, Scope, StoredResponse, Timestamp};
 use sqlx::migrate::MigrateError;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgExecutor, Postgres, Row};
 use tokio::time::Instant;
 
+use crate::sql::{RecordColumns, ResponseColumns, stored_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim, stored_scope,
+    TxClaim, is_unavailable,
 };
 
 /// The transaction a handler writes through in transaction mode.
@@ -60,14 +59,23 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 // Claims a key if no record holds it, or replaces a record the claim may replace (past its
 // retention and not held by a live lease; or, if allowed, a stale claim of the same request).
 // One statement, so two claims can never both win. `excluded.created_at` is the claim's "now".
-const CLAIM: &str = "
+// `$before` and `$after` wrap the claimed row's values ($1 to $7): `VALUES (…)` here, a
+// `SELECT … FROM` a CTE in transaction mode. (A macro, so that `concat!` can wrap it.)
+macro_rules! claim_sql {
+    ($before:literal, $after:literal) => {
+        concat!(
+            "
 INSERT INTO idempotency_keys AS k
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-VALUES ($1, $2, $3, 'in_progress',
+",
+            $before,
+            "$1, $2, $3, 'in_progress',
         to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
         to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
         to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
-        $7)
+        $7",
+            $after,
+            "
 ON CONFLICT (account_id, idem_key) DO UPDATE SET
     request_hash = excluded.request_hash,
     status = 'in_progress',
@@ -84,7 +92,11 @@ WHERE (k.expires_at <= excluded.created_at
    OR ($8 AND k.status = 'in_progress'
        AND k.lease_until <= excluded.created_at
        AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token";
+RETURNING fencing_token"
+        )
+    };
+}
+const CLAIM: &str = claim_sql!("VALUES (", ")");
 
 const SELECT: &str = "
 SELECT request_hash, status, response_code, response_headers::text AS response_headers,
@@ -95,11 +107,15 @@ SELECT request_hash, status, response_code, response_headers::text AS response_h
        fencing_token
 FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2";
 
+// Completes an in-progress record: the one the claim holding the token $3 holds, or, with $3
+// NULL, whatever claim holds it (an operator's `force_complete`). One statement, so the token
+// is matched by the write itself.
 const COMPLETE: &str = "
 UPDATE idempotency_keys
 SET status = 'completed', response_code = $4, response_headers = $5::jsonb, response_body = $6,
     body_omitted = $7
-WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'";
+WHERE account_id = $1 AND idem_key = $2 AND ($3::bigint IS NULL OR fencing_token = $3)
+  AND status = 'in_progress'";
 
 const RENEW: &str = "
 UPDATE idempotency_keys
@@ -135,36 +151,15 @@ const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 // `lock_timeout` when a wait starts). RETURNING puts the old setting back once the key is
 // ours: the handler's own writes should not inherit the claim's (possibly nearly spent) wait.
 // A claim that loses or times out ends in a rollback, which undoes the setting anyway.
-const CLAIM_WITH_LOCK_TIMEOUT: &str = "
+const CLAIM_WITH_LOCK_TIMEOUT: &str = concat!(
+    "
 WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
      bounded AS MATERIALIZED (
-         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)
-INSERT INTO idempotency_keys AS k
-    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-SELECT $1, $2, $3, 'in_progress',
-       to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
-       to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
-       to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
-       $7
-FROM bounded
-ON CONFLICT (account_id, idem_key) DO UPDATE SET
-    request_hash = excluded.request_hash,
-    status = 'in_progress',
-    response_code = NULL,
-    response_headers = NULL,
-    response_body = NULL,
-    body_omitted = false,
-    created_at = excluded.created_at,
-    expires_at = excluded.expires_at,
-    lease_until = excluded.lease_until,
-    fencing_token = excluded.fencing_token
-WHERE (k.expires_at <= excluded.created_at
-       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
-   OR ($8 AND k.status = 'in_progress'
-       AND k.lease_until <= excluded.created_at
-       AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token,
-          (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)";
+         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)",
+    claim_sql!("SELECT ", "\nFROM bounded"),
+    ",
+          (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)"
+);
 
 impl PgStore {
     /// Connects to the database named by a URL such as `postgres://user@host/db` (a pool of
@@ -187,8 +182,7 @@ impl PgStore {
             })
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect(url)
-            .await
-            .map_err(classify)?;
+            .await?;
         Self::from_pool(pool).await
     }
 
@@ -225,26 +219,8 @@ async fn migrate(pool: &PgPool) -> Result<()> {
     match migrator.run(pool).await {
         Ok(()) => Ok(()),
         // A lazy pool first meets the database here.
-        Err(MigrateError::Execute(e)) if is_connection_failure(&e) => {
-            Err(Error::Unavailable(Box::new(e)))
-        }
+        Err(MigrateError::Execute(e)) if is_unavailable(&e) => Err(Error::Unavailable(Box::new(e))),
         Err(e) => Err(Error::Migrate(e)),
-    }
-}
-
-/// Whether the database could not be reached: the failures the crate's `From` classifies
-/// by kind, plus PostgreSQL's own answers for a server that refuses or drops the session
-/// (SQLSTATE class 08, too many connections, shutting down, starting up).
-fn is_connection_failure(e: &sqlx::Error) -> bool {
-    crate::is_unavailable(e)
-}
-
-/// The store's error for a failed statement.
-fn classify(e: sqlx::Error) -> Error {
-    if is_connection_failure(&e) {
-        Error::Unavailable(Box::new(e))
-    } else {
-        Error::Database(e)
     }
 }
 
@@ -302,62 +278,49 @@ async fn get_on<'e>(ex: impl PgExecutor<'e>, scope: &Scope) -> Result<Option<Rec
         .bind(scope.account.as_str())
         .bind(scope.key.as_str())
         .fetch_optional(ex)
-        .await
-        .map_err(classify)?;
+        .await?;
     row.map(|row| record_from_row(scope, &row)).transpose()
 }
 
+/// Runs [`COMPLETE`]; whether the in-progress record held by `token` (any token if `None`) was
+/// completed.
 async fn complete_on<'e>(
     ex: impl PgExecutor<'e>,
     scope: &Scope,
-    token: FencingToken,
+    token: Option<FencingToken>,
     response: &StoredResponse,
 ) -> Result<bool> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
     let done = sqlx::query(COMPLETE)
         .bind(scope.account.as_str())
         .bind(scope.key.as_str())
-        .bind(token.0)
+        .bind(token.map(|token| token.0))
         .bind(i32::from(response.status))
         .bind(headers)
         .bind(&response.body[..])
         .bind(response.body_omitted)
         .execute(ex)
-        .await
-        .map_err(classify)?;
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
 fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record> {
-    let corrupt = |what: &str| Error::Corrupt(format!("{what} for key {}", scope.log_label()));
-    let hash: Vec<u8> = row.try_get("request_hash")?;
-    let fingerprint = Fingerprint::try_from(hash.as_slice())
-        .map_err(|_| corrupt("a request hash of bad length"))?;
-    let status: String = row.try_get("status")?;
-    let state = match status.as_str() {
-        "in_progress" => RecordState::InProgress {
-            lease_until: Timestamp(row.try_get("lease_until")?),
-            token: FencingToken(row.try_get("fencing_token")?),
-        },
-        "completed" => {
-            let code: i32 = row.try_get("response_code")?;
-            let headers: String = row.try_get("response_headers")?;
-            RecordState::Completed(StoredResponse {
-                status: u16::try_from(code).map_err(|_| corrupt("a bad response code"))?,
-                headers: serde_json::from_str(&headers)
-                    .map_err(|_| corrupt("unreadable response headers"))?,
-                body: row.try_get("response_body")?,
-                body_omitted: row.try_get("body_omitted")?,
-            })
-        }
-        _ => return Err(corrupt("an unknown status")),
+    let columns = RecordColumns {
+        request_hash: row.try_get("request_hash")?,
+        status: row.try_get("status")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        lease_until: row.try_get("lease_until")?,
+        fencing_token: row.try_get("fencing_token")?,
     };
-    Ok(Record {
-        scope: Scope::new(AccountId::new(scope.account.as_str()), scope.key.clone()),
-        fingerprint,
-        state,
-        created_at: Timestamp(row.try_get("created_at")?),
-        expires_at: Timestamp(row.try_get("expires_at")?),
+    columns.into_record(scope, || {
+        Ok(ResponseColumns {
+            // `int` in PostgreSQL.
+            code: row.try_get::<i32, _>("response_code")?.into(),
+            headers: row.try_get("response_headers")?,
+            body: row.try_get("response_body")?,
+            body_omitted: row.try_get("body_omitted")?,
+        })
     })
 }
 
@@ -368,7 +331,7 @@ impl Store for PgStore {
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
         for _ in 0..CLAIM_ATTEMPTS {
-            if claim_on(&self.pool, claim, None).await.map_err(classify)? {
+            if claim_on(&self.pool, claim, None).await? {
                 return Ok(ClaimOutcome::Claimed);
             }
             // The claim lost to a record; read it in a new statement. It may have been
@@ -386,7 +349,7 @@ impl Store for PgStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool> {
-        complete_on(&self.pool, scope, token, response).await
+        complete_on(&self.pool, scope, Some(token), response).await
     }
 
     async fn renew(
@@ -401,8 +364,7 @@ impl Store for PgStore {
             .bind(token.0)
             .bind(lease_until.0)
             .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -412,8 +374,7 @@ impl Store for PgStore {
             .bind(scope.key.as_str())
             .bind(token.0)
             .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -422,8 +383,7 @@ impl Store for PgStore {
             .bind(now.0)
             .bind(i64::from(batch))
             .execute(&self.pool)
-            .await
-            .map_err(classify)?;
+            .await?;
         Ok(done.rows_affected())
     }
 }
@@ -437,7 +397,7 @@ impl TransactionalStore for PgStore {
         for _ in 0..CLAIM_ATTEMPTS {
             let mut tx = match tokio::time::timeout_at(deadline, self.pool.begin_with(BEGIN)).await
             {
-                Ok(tx) => tx.map_err(classify)?,
+                Ok(tx) => tx?,
                 Err(_elapsed) => return self.wait_ran_out(),
             };
             let lock_wait =
@@ -449,16 +409,16 @@ impl TransactionalStore for PgStore {
                 Err(e) if is_lock_timeout(&e) => {
                     // The timeout aborted the transaction; end it so the connection goes back
                     // to the pool now.
-                    tx.rollback().await.map_err(classify)?;
+                    tx.rollback().await?;
                     return Ok(TxClaim::Busy);
                 }
-                Err(e) => return Err(classify(e)),
+                Err(e) => return Err(e.into()),
             }
             // The claim lost to a committed record (and holds its row lock until the rollback).
             // Under READ COMMITTED this new statement sees it; should it have vanished all the
             // same, the key is free and the claim starts over.
             let record = get_on(&mut *tx, &claim.scope).await?;
-            tx.rollback().await.map_err(classify)?;
+            tx.rollback().await?;
             if let Some(record) = record {
                 return Ok(TxClaim::Existing(record));
             }
@@ -473,18 +433,18 @@ impl TransactionalStore for PgStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<()> {
-        if !complete_on(&mut *tx, scope, token, response).await? {
+        if !complete_on(&mut *tx, scope, Some(token), response).await? {
             return Err(Error::Raced(format!(
                 "the key row of {} vanished inside its own transaction",
                 scope.log_label()
             )));
         }
-        tx.commit().await.map_err(classify)?;
+        tx.commit().await?;
         Ok(())
     }
 
     async fn rollback(&self, tx: PgTx) -> Result<()> {
-        tx.rollback().await.map_err(classify)?;
+        tx.rollback().await?;
         Ok(())
     }
 }
@@ -511,12 +471,11 @@ impl AdminStore for PgStore {
         .bind(filter.lease_expired_by.map(|t| t.0))
         .bind(filter.limit())
         .fetch_all(&self.pool)
-        .await
-        .map_err(classify)?;
+        .await?;
         rows.iter()
             .map(|row| {
-                let account: String = row.try_get("account_id").map_err(classify)?;
-                let key: String = row.try_get("idem_key").map_err(classify)?;
+                let account: String = row.try_get("account_id")?;
+                let key: String = row.try_get("idem_key")?;
                 record_from_row(&stored_scope(account, key)?, row)
             })
             .collect()
@@ -528,29 +487,11 @@ impl AdminStore for PgStore {
                 .bind(scope.account.as_str())
                 .bind(scope.key.as_str())
                 .execute(&self.pool)
-                .await
-                .map_err(classify)?;
+                .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
-        // One statement: the token is read and matched by the same UPDATE.
-        let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-        let done = sqlx::query(
-            "UPDATE idempotency_keys
-             SET status = 'completed', response_code = $3, response_headers = $4::jsonb,
-                 response_body = $5, body_omitted = $6
-             WHERE account_id = $1 AND idem_key = $2 AND status = 'in_progress'",
-        )
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
-        .bind(i32::from(response.status))
-        .bind(headers)
-        .bind(&response.body[..])
-        .bind(response.body_omitted)
-        .execute(&self.pool)
-        .await
-        .map_err(classify)?;
-        Ok(done.rows_affected() == 1)
+        complete_on(&self.pool, scope, None, response).await
     }
 }

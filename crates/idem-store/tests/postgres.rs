@@ -2,6 +2,8 @@
 //! database of its own on the server at `IDEM_TEST_PG_URL` (default: the local server, trust
 //! authentication), created for the test and dropped when it ends, pass or fail.
 
+#![cfg(feature = "postgres")]
+
 use std::time::Duration;
 
 use idem_core::{

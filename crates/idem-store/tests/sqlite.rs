@@ -1,5 +1,7 @@
 //! The conformance suite against [`SqliteStore`], each test on its own database file.
 
+#![cfg(feature = "sqlite")]
+
 use idem_store::{SqliteStore, admin_conformance, store_conformance, transactional_conformance};
 
 async fn fresh_store() -> (SqliteStore, tempfile::TempDir) {

@@ -13,17 +13,16 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_core::{
-    AccountId, FencingToken, Fingerprint, Record, RecordState, Scope, StoredResponse, Timestamp,
-};
+use idem_core::{FencingToken, Record, Scope, StoredResponse, Timestamp};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
 use sqlx::{Row, SqliteConnection};
 
+use crate::sql::{RecordColumns, ResponseColumns, stored_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim, stored_scope,
+    TxClaim,
 };
 
 mod group_commit;
@@ -81,13 +80,17 @@ SELECT request_hash, status, response_code, response_headers, response_body, bod
        created_at, expires_at, lease_until, fencing_token
 FROM idempotency_keys WHERE account_id = ?1 AND idem_key = ?2";
 
+// Completes an in-progress record: the one the claim holding the token ?3 holds, or, with ?3
+// NULL, whatever claim holds it (an operator's `force_complete`). One statement, so the token
+// is matched by the write itself.
 macro_rules! complete_sql {
     () => {
         "
 UPDATE idempotency_keys
 SET status = 'completed', response_code = ?4, response_headers = ?5, response_body = ?6,
     body_omitted = ?7
-WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3 AND status = 'in_progress'
+WHERE account_id = ?1 AND idem_key = ?2 AND (?3 IS NULL OR fencing_token = ?3)
+  AND status = 'in_progress'
 RETURNING 1;"
     };
 }
@@ -233,52 +236,38 @@ fn lost_to_nothing(scope: &Scope) -> Error {
 }
 
 fn record_from_row(scope: &Scope, row: &SqliteRow) -> Result<Record> {
-    let corrupt = |what: &str| Error::Corrupt(format!("{what} for key {}", scope.log_label()));
-    let hash: Vec<u8> = row.try_get("request_hash")?;
-    let fingerprint = Fingerprint::try_from(hash.as_slice())
-        .map_err(|_| corrupt("a request hash of bad length"))?;
-    let status: String = row.try_get("status")?;
-    let state = match status.as_str() {
-        "in_progress" => RecordState::InProgress {
-            lease_until: Timestamp(row.try_get("lease_until")?),
-            token: FencingToken(row.try_get("fencing_token")?),
-        },
-        "completed" => {
-            let code: i64 = row.try_get("response_code")?;
-            let headers: String = row.try_get("response_headers")?;
-            RecordState::Completed(StoredResponse {
-                status: u16::try_from(code).map_err(|_| corrupt("a bad response code"))?,
-                headers: serde_json::from_str(&headers)
-                    .map_err(|_| corrupt("unreadable response headers"))?,
-                body: row.try_get("response_body")?,
-                body_omitted: row.try_get("body_omitted")?,
-            })
-        }
-        _ => return Err(corrupt("an unknown status")),
+    let columns = RecordColumns {
+        request_hash: row.try_get("request_hash")?,
+        status: row.try_get("status")?,
+        created_at: row.try_get("created_at")?,
+        expires_at: row.try_get("expires_at")?,
+        lease_until: row.try_get("lease_until")?,
+        fencing_token: row.try_get("fencing_token")?,
     };
-    Ok(Record {
-        scope: Scope::new(AccountId::new(scope.account.as_str()), scope.key.clone()),
-        fingerprint,
-        state,
-        created_at: Timestamp(row.try_get("created_at")?),
-        expires_at: Timestamp(row.try_get("expires_at")?),
+    columns.into_record(scope, || {
+        Ok(ResponseColumns {
+            code: row.try_get("response_code")?,
+            headers: row.try_get("response_headers")?,
+            body: row.try_get("response_body")?,
+            body_omitted: row.try_get("body_omitted")?,
+        })
     })
 }
 
 /// Runs `sql` ([`COMPLETE`], maybe with a suffix); whether the in-progress record held by
-/// `token` was completed.
+/// `token` (any token if `None`) was completed.
 async fn complete_on(
     conn: &mut SqliteConnection,
     sql: &'static str,
     scope: &Scope,
-    token: FencingToken,
+    token: Option<FencingToken>,
     response: &StoredResponse,
 ) -> Result<bool, sqlx::Error> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
     let rows = sqlx::query(sql)
         .bind(scope.account.as_str())
         .bind(scope.key.as_str())
-        .bind(token.0)
+        .bind(token.map(|token| token.0))
         .bind(i64::from(response.status))
         .bind(headers)
         .bind(&response.body[..])
@@ -306,7 +295,7 @@ impl Store for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<bool> {
-        self.in_turn(async |tx| Ok(complete_on(tx, COMPLETE, scope, token, response).await?))
+        self.in_turn(async |tx| Ok(complete_on(tx, COMPLETE, scope, Some(token), response).await?))
             .await
     }
 
@@ -407,7 +396,7 @@ impl TransactionalStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<()> {
-        match complete_on(&mut tx, COMPLETE_AND_RELEASE, scope, token, response).await {
+        match complete_on(&mut tx, COMPLETE_AND_RELEASE, scope, Some(token), response).await {
             Ok(true) => {
                 tx.savepoint = false;
                 tx.commit_with_group().await
@@ -470,21 +459,8 @@ impl AdminStore for SqliteStore {
     }
 
     async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
+        // One statement, whatever the token: no read of it before the write.
         let mut conn = self.writer.acquire().await?;
-        let token: Option<i64> = sqlx::query_scalar(
-            "SELECT fencing_token FROM idempotency_keys
-             WHERE account_id = ?1 AND idem_key = ?2 AND status = 'in_progress'",
-        )
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
-        .fetch_optional(&mut *conn)
-        .await?;
-        // One writer connection: nothing can change the row between the read and the write.
-        match token {
-            Some(token) => {
-                Ok(complete_on(&mut conn, COMPLETE, scope, FencingToken(token), response).await?)
-            }
-            None => Ok(false),
-        }
+        Ok(complete_on(&mut conn, COMPLETE, scope, None, response).await?)
     }
 }
