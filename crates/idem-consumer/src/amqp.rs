@@ -39,7 +39,7 @@ use lapin::{
     types::{AMQPValue, FieldTable, ShortString},
 };
 
-use crate::any::{check_plain_name, check_topic};
+use crate::names::{check_plain_name, check_topic};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "amqp";

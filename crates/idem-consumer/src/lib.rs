@@ -45,6 +45,8 @@ mod broker;
 mod consumer;
 mod inbox;
 mod message;
+#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
+mod names;
 pub mod outbox;
 mod sql;
 

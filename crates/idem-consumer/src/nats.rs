@@ -40,7 +40,7 @@ use async_nats::jetstream::{
 };
 use futures_util::StreamExt;
 
-use crate::any::{check_plain_name, check_topic};
+use crate::names::{check_plain_name, check_topic, invalid};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "nats";
@@ -120,14 +120,11 @@ impl NatsConfig {
 fn check_nats_topic(topic: &str) -> Result<(), BrokerError> {
     check_topic(BROKER, topic)?;
     if topic == "dead" || topic.starts_with("dead.") {
-        return Err(BrokerError::new(
+        return Err(invalid(
             BROKER,
-            "checking the topic",
-            crate::any::InvalidName {
-                what: "topic",
-                name: topic.to_owned(),
-                rule: "`dead` as a first part is reserved for dead letters on NATS",
-            },
+            "topic",
+            topic,
+            "`dead` as a first part is reserved for dead letters on NATS",
         ));
     }
     Ok(())
