@@ -48,6 +48,8 @@ mod message;
 #[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
 mod names;
 pub mod outbox;
+#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
+mod received;
 mod sql;
 
 #[cfg(feature = "amqp")]
