@@ -39,8 +39,9 @@ use lapin::{
     types::{AMQPValue, FieldTable, ShortString},
 };
 
-use crate::any::{check_plain_name, check_topic};
-use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
+use crate::names::{check_plain_name, check_topic};
+use crate::received::{Received, event_id};
+use crate::{BrokerError, Delivery, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "amqp";
 /// Why a message was dead-lettered.
@@ -408,23 +409,21 @@ impl Subscription for AmqpSubscription {
                 return Ok(None);
             };
             let mut inner = inner.map_err(|e| err(format!("consuming {}", self.queue), e))?;
-            let id = inner
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| EventId::new(id.as_str()));
-            let reason = match id {
-                Some(Ok(id)) => {
+            let id = inner.properties.message_id().as_ref().map(|id| id.as_str());
+            let reason = match event_id(id, "message-id") {
+                Ok(id) => {
                     return Ok(Some(AmqpDelivery {
-                        attempt: attempt(&inner.properties),
-                        // Ours, or the reason RabbitMQ gives when it dead-lettered the message
-                        // itself (`delivery_limit`).
-                        dead_reason: header_str(&inner.properties, DEAD_REASON)
-                            .or_else(|| header_str(&inner.properties, "x-first-death-reason")),
-                        message: Message {
-                            id,
-                            topic: self.topic.clone(),
-                            payload: std::mem::take(&mut inner.data),
+                        received: Received {
+                            message: Message {
+                                id,
+                                topic: self.topic.clone(),
+                                payload: std::mem::take(&mut inner.data),
+                            },
+                            attempt: attempt(&inner.properties),
+                            // Ours, or the reason RabbitMQ gives when it dead-lettered the
+                            // message itself (`delivery_limit`).
+                            dead_reason: header_str(&inner.properties, DEAD_REASON)
+                                .or_else(|| header_str(&inner.properties, "x-first-death-reason")),
                         },
                         inner,
                         channel: self.channel.clone(),
@@ -432,8 +431,7 @@ impl Subscription for AmqpSubscription {
                         group: self.group.clone(),
                     }));
                 }
-                Some(Err(e)) => format!("invalid event id: {e}"),
-                None => "no event id (message-id)".to_owned(),
+                Err(reason) => reason,
             };
             // A message without a usable id can never be deduped, and redelivering it would
             // loop: it goes straight to the dead letters.
@@ -487,9 +485,7 @@ fn attempt(properties: &BasicProperties) -> u32 {
 
 /// One RabbitMQ delivery.
 pub struct AmqpDelivery {
-    message: Message,
-    attempt: u32,
-    dead_reason: Option<String>,
+    received: Received,
     inner: lapin::message::Delivery,
     channel: Channel,
     dead_route: (String, String),
@@ -498,11 +494,7 @@ pub struct AmqpDelivery {
 
 impl std::fmt::Debug for AmqpDelivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AmqpDelivery")
-            .field("message", &self.message)
-            .field("attempt", &self.attempt)
-            .field("dead_reason", &self.dead_reason)
-            .finish_non_exhaustive()
+        self.received.fmt_debug(f, "AmqpDelivery", &[])
     }
 }
 
@@ -510,17 +502,17 @@ impl AmqpDelivery {
     /// Why the message was dead-lettered, when it was read from a dead-letter queue: ours,
     /// or `delivery_limit` when RabbitMQ itself moved it there.
     pub fn dead_reason(&self) -> Option<&str> {
-        self.dead_reason.as_deref()
+        self.received.dead_reason.as_deref()
     }
 }
 
 impl Delivery for AmqpDelivery {
     fn message(&self) -> &Message {
-        &self.message
+        &self.received.message
     }
 
     fn attempt(&self) -> u32 {
-        self.attempt
+        self.received.attempt
     }
 
     async fn ack(self) -> Result<(), BrokerError> {
@@ -529,7 +521,7 @@ impl Delivery for AmqpDelivery {
             .ack(BasicAckOptions::default())
             .await
             .map(drop)
-            .map_err(|e| err(format!("acknowledging {}", self.message.id), e))
+            .map_err(|e| err(format!("acknowledging {}", self.received.message.id), e))
     }
 
     async fn retry(self) -> Result<(), BrokerError> {
@@ -543,15 +535,15 @@ impl Delivery for AmqpDelivery {
             })
             .await
             .map(drop)
-            .map_err(|e| err(format!("requeueing {}", self.message.id), e))
+            .map_err(|e| err(format!("requeueing {}", self.received.message.id), e))
     }
 
     async fn dead_letter(self, reason: &str) -> Result<(), BrokerError> {
-        let what = self.message.id.to_string();
+        let what = self.received.message.id.to_string();
         dead_letter(
             &self.channel,
             &self.inner,
-            &self.message.payload,
+            &self.received.message.payload,
             &self.dead_route,
             &self.group,
             reason,

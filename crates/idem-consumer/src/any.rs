@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use crate::{BrokerError, Delivery, Message, Published, Publisher, Subscription};
 
+/// Re-exported from where the adapters' name checks live, so `any::InvalidName` still names it.
+pub use crate::names::InvalidName;
+
 #[cfg(feature = "amqp")]
 use crate::amqp::{AmqpConfig, AmqpDelivery, AmqpPublisher, AmqpSubscription};
 #[cfg(feature = "kafka")]
@@ -71,81 +74,6 @@ impl BrokerKind {
 pub struct UnsupportedBroker {
     /// The scheme found (empty when the URL has none).
     pub scheme: String,
-}
-
-/// A namespace, topic or consumer group name the brokers cannot all carry unchanged.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {what} {name:?}: {rule}")]
-pub struct InvalidName {
-    /// What the name is for: "namespace", "topic", "consumer group".
-    pub what: &'static str,
-    /// The name given.
-    pub name: String,
-    /// The rule it breaks.
-    pub rule: &'static str,
-}
-
-/// Checks a namespace or a consumer group: 1 to 64 of `A-Z a-z 0-9 _ -`. No dots, because
-/// both end up inside JetStream stream and durable consumer names, which forbid them.
-pub(crate) fn check_plain_name(
-    broker: &'static str,
-    what: &'static str,
-    name: &str,
-) -> Result<(), BrokerError> {
-    let ok = (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid(
-            broker,
-            what,
-            name,
-            "use 1 to 64 of A-Z a-z 0-9 _ -",
-        ))
-    }
-}
-
-/// Checks a topic: 1 to 128 of `A-Z a-z 0-9 _ -` in dot-separated non-empty parts
-/// (`payment.succeeded`). That is a valid NATS subject suffix, AMQP routing key and Kafka
-/// topic name alike, with no wildcard that would widen a subscription.
-pub(crate) fn check_topic(broker: &'static str, topic: &str) -> Result<(), BrokerError> {
-    let ok = (1..=128).contains(&topic.len())
-        && topic.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid(
-            broker,
-            "topic",
-            topic,
-            "use 1 to 128 of A-Z a-z 0-9 _ - in dot-separated non-empty parts",
-        ))
-    }
-}
-
-fn invalid(
-    broker: &'static str,
-    what: &'static str,
-    name: &str,
-    rule: &'static str,
-) -> BrokerError {
-    BrokerError::new(
-        broker,
-        format!("checking the {what}"),
-        InvalidName {
-            what,
-            name: name.to_owned(),
-            rule,
-        },
-    )
 }
 
 /// Everything needed to reach one topic on one broker, whichever it is. Fields a broker has
@@ -515,15 +443,5 @@ mod tests {
             BrokerKind::from_url("127.0.0.1:4222").unwrap_err().scheme,
             ""
         );
-    }
-
-    #[test]
-    fn names_are_checked() {
-        assert!(check_topic("nats", "payment.succeeded").is_ok());
-        for bad in ["", "a..b", ".a", "a.", "a.*", "a.>", "a b"] {
-            assert!(check_topic("nats", bad).is_err(), "{bad:?}");
-        }
-        assert!(check_plain_name("nats", "namespace", "t_1-x").is_ok());
-        assert!(check_plain_name("nats", "namespace", "a.b").is_err());
     }
 }

@@ -39,7 +39,8 @@ use rdkafka::{
     producer::{FutureProducer, FutureRecord},
 };
 
-use crate::any::{check_plain_name, check_topic};
+use crate::names::{check_plain_name, check_topic};
+use crate::received::{Received, event_id};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "kafka";
@@ -367,9 +368,11 @@ impl KafkaSubscription {
 
     fn delivery(&self, record: OwnedMessage, message: Message, attempt: u32) -> KafkaDelivery {
         KafkaDelivery {
-            message,
-            attempt,
-            dead_reason: header(&record, DEAD_REASON),
+            received: Received {
+                message,
+                attempt,
+                dead_reason: header(&record, DEAD_REASON),
+            },
             record,
             consumer: self.consumer.clone(),
             producer: self.producer.clone(),
@@ -406,15 +409,13 @@ impl Subscription for KafkaSubscription {
                 *attempt += 1;
                 *attempt
             };
-            let id = header(&record, EVENT_ID)
-                .or_else(|| {
-                    record
-                        .key()
-                        .map(|k| String::from_utf8_lossy(k).into_owned())
-                })
-                .map(EventId::new);
-            let reason = match id {
-                Some(Ok(id)) => {
+            let id = header(&record, EVENT_ID).or_else(|| {
+                record
+                    .key()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+            });
+            let reason = match event_id(id, "record key") {
+                Ok(id) => {
                     let message = Message {
                         id,
                         topic: self.topic.clone(),
@@ -422,8 +423,7 @@ impl Subscription for KafkaSubscription {
                     };
                     return Ok(Some(self.delivery(record, message, attempt)));
                 }
-                Some(Err(e)) => format!("invalid event id: {e}"),
-                None => "no event id (record key)".to_owned(),
+                Err(reason) => reason,
             };
             // A record without a usable id can never be deduped, and redelivering it would
             // loop: it goes straight to the dead letters.
@@ -443,9 +443,7 @@ impl Subscription for KafkaSubscription {
 
 /// One Kafka record handed to the consumer.
 pub struct KafkaDelivery {
-    message: Message,
-    attempt: u32,
-    dead_reason: Option<String>,
+    received: Received,
     record: OwnedMessage,
     consumer: Arc<StreamConsumer>,
     producer: FutureProducer,
@@ -456,20 +454,19 @@ pub struct KafkaDelivery {
 
 impl std::fmt::Debug for KafkaDelivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaDelivery")
-            .field("message", &self.message)
-            .field("attempt", &self.attempt)
-            .field("partition", &self.record.partition())
-            .field("offset", &self.record.offset())
-            .field("dead_reason", &self.dead_reason)
-            .finish_non_exhaustive()
+        let (partition, offset) = self.position();
+        self.received.fmt_debug(
+            f,
+            "KafkaDelivery",
+            &[("partition", &partition), ("offset", &offset)],
+        )
     }
 }
 
 impl KafkaDelivery {
     /// Why the message was dead-lettered, when it was read from a dead-letter topic.
     pub fn dead_reason(&self) -> Option<&str> {
-        self.dead_reason.as_deref()
+        self.received.dead_reason.as_deref()
     }
 
     /// The partition and offset of the record.
@@ -517,7 +514,7 @@ impl KafkaDelivery {
                 format!(
                     "committing offset {to} of {} [{partition}] for {}",
                     self.record.topic(),
-                    self.message.id
+                    self.received.message.id
                 ),
                 e,
             )
@@ -527,11 +524,11 @@ impl KafkaDelivery {
 
 impl Delivery for KafkaDelivery {
     fn message(&self) -> &Message {
-        &self.message
+        &self.received.message
     }
 
     fn attempt(&self) -> u32 {
-        self.attempt
+        self.received.attempt
     }
 
     async fn ack(self) -> Result<(), BrokerError> {
@@ -554,7 +551,7 @@ impl Delivery for KafkaDelivery {
                 format!(
                     "seeking back to offset {offset} of {} [{partition}] for {}",
                     self.record.topic(),
-                    self.message.id
+                    self.received.message.id
                 ),
                 e,
             )
@@ -576,8 +573,8 @@ impl Delivery for KafkaDelivery {
         produce(
             &self.producer,
             &self.dead_topic,
-            self.message.id.as_str(),
-            &self.message.payload,
+            self.received.message.id.as_str(),
+            &self.received.message.payload,
             headers,
         )
         .await?;

@@ -45,7 +45,11 @@ mod broker;
 mod consumer;
 mod inbox;
 mod message;
+#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
+mod names;
 pub mod outbox;
+#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
+mod received;
 mod sql;
 
 #[cfg(feature = "amqp")]

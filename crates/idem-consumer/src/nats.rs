@@ -40,7 +40,8 @@ use async_nats::jetstream::{
 };
 use futures_util::StreamExt;
 
-use crate::any::{check_plain_name, check_topic};
+use crate::names::{check_plain_name, check_topic, invalid};
+use crate::received::{Received, event_id};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "nats";
@@ -120,14 +121,11 @@ impl NatsConfig {
 fn check_nats_topic(topic: &str) -> Result<(), BrokerError> {
     check_topic(BROKER, topic)?;
     if topic == "dead" || topic.starts_with("dead.") {
-        return Err(BrokerError::new(
+        return Err(invalid(
             BROKER,
-            "checking the topic",
-            crate::any::InvalidName {
-                what: "topic",
-                name: topic.to_owned(),
-                rule: "`dead` as a first part is reserved for dead letters on NATS",
-            },
+            "topic",
+            topic,
+            "`dead` as a first part is reserved for dead letters on NATS",
         ));
     }
     Ok(())
@@ -318,17 +316,9 @@ impl NatsSubscription {
                 .and_then(|h| h.get(name))
                 .map(|v| v.as_str().to_owned())
         };
-        let id = header(EVENT_ID)
-            .or_else(|| header(MSG_ID))
-            .map(EventId::new);
-        let dead_reason = header(DEAD_REASON);
-        let id = match id {
-            Some(Ok(id)) => id,
-            other => {
-                let reason = match other {
-                    Some(Err(e)) => format!("invalid event id: {e}"),
-                    _ => "no event id (Nats-Msg-Id)".to_owned(),
-                };
+        let id = match event_id(header(EVENT_ID).or_else(|| header(MSG_ID)), MSG_ID) {
+            Ok(id) => id,
+            Err(reason) => {
                 tracing::warn!(sequence, subject = %inner.subject, %reason, "dead-lettering a message without a usable id");
                 let copy = DeadCopy {
                     msg_id: format!("seq-{sequence}:dead:{}", self.group),
@@ -347,13 +337,15 @@ impl NatsSubscription {
             }
         };
         Ok(Some(NatsDelivery {
-            message: Message {
-                id,
-                topic: self.topic.clone(),
-                payload: inner.payload.to_vec(),
+            received: Received {
+                message: Message {
+                    id,
+                    topic: self.topic.clone(),
+                    payload: inner.payload.to_vec(),
+                },
+                attempt,
+                dead_reason: header(DEAD_REASON),
             },
-            attempt,
-            dead_reason,
             inner,
             js: self.js.clone(),
             dead_subject: self.dead_subject.clone(),
@@ -393,9 +385,7 @@ impl Subscription for NatsSubscription {
 
 /// One JetStream delivery.
 pub struct NatsDelivery {
-    message: Message,
-    attempt: u32,
-    dead_reason: Option<String>,
+    received: Received,
     inner: jetstream::Message,
     js: Context,
     dead_subject: String,
@@ -405,51 +395,49 @@ pub struct NatsDelivery {
 
 impl std::fmt::Debug for NatsDelivery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsDelivery")
-            .field("message", &self.message)
-            .field("attempt", &self.attempt)
-            .field("dead_reason", &self.dead_reason)
-            .finish_non_exhaustive()
+        self.received.fmt_debug(f, "NatsDelivery", &[])
     }
 }
 
 impl NatsDelivery {
     /// Why the message was dead-lettered, when it was read from a dead-letter subject.
     pub fn dead_reason(&self) -> Option<&str> {
-        self.dead_reason.as_deref()
+        self.received.dead_reason.as_deref()
     }
 }
 
 impl Delivery for NatsDelivery {
     fn message(&self) -> &Message {
-        &self.message
+        &self.received.message
     }
 
     fn attempt(&self) -> u32 {
-        self.attempt
+        self.received.attempt
     }
 
     async fn ack(self) -> Result<(), BrokerError> {
         // A double ack waits for the server to confirm, so a returned Ok means the message
         // will not come back (a plain ack can be lost on the way).
-        self.inner
-            .double_ack()
-            .await
-            .map_err(|e| BrokerError::new(BROKER, format!("acknowledging {}", self.message.id), e))
+        self.inner.double_ack().await.map_err(|e| {
+            BrokerError::new(
+                BROKER,
+                format!("acknowledging {}", self.received.message.id),
+                e,
+            )
+        })
     }
 
     async fn retry(self) -> Result<(), BrokerError> {
         let delay = (!self.retry_delay.is_zero()).then_some(self.retry_delay);
-        self.inner
-            .ack_with(AckKind::Nak(delay))
-            .await
-            .map_err(|e| BrokerError::new(BROKER, format!("nak'ing {}", self.message.id), e))
+        self.inner.ack_with(AckKind::Nak(delay)).await.map_err(|e| {
+            BrokerError::new(BROKER, format!("nak'ing {}", self.received.message.id), e)
+        })
     }
 
     async fn dead_letter(self, reason: &str) -> Result<(), BrokerError> {
         let copy = DeadCopy {
-            msg_id: format!("{}:dead:{}", self.message.id, self.group),
-            event_id: Some(&self.message.id),
+            msg_id: format!("{}:dead:{}", self.received.message.id, self.group),
+            event_id: Some(&self.received.message.id),
         };
         dead_letter(
             &self.js,

@@ -1,16 +1,20 @@
-//! The RabbitMQ adapter against the real broker on 127.0.0.1:5672 (guest/guest). Each test
-//! works in a namespace of its own and deletes its exchanges and queues at the end.
+//! The RabbitMQ adapter against the real broker on 127.0.0.1:5672 (guest/guest): the broker
+//! suite, and what only RabbitMQ does. Each test works in a namespace of its own and deletes
+//! its exchanges and queues at the end.
 #![cfg(feature = "amqp")]
 
 mod common;
 
 use std::time::Duration;
 
+use common::suite::Broker;
 use common::{GROUP, TOPIC, message, namespace, next_within, nothing};
 
-use idem_consumer::amqp::{AmqpConfig, AmqpPublisher, AmqpSubscription, declare, delete};
-use idem_consumer::any::{AnyPublisher, AnySubscription, BrokerSettings, delete_broker_objects};
-use idem_consumer::{Delivery, Published, Publisher, Subscription};
+use idem_consumer::amqp::{
+    AmqpConfig, AmqpDelivery, AmqpPublisher, AmqpSubscription, declare, delete,
+};
+use idem_consumer::any::BrokerSettings;
+use idem_consumer::{Delivery, Publisher, Subscription};
 
 const URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Long enough for any delivery that is coming on loopback.
@@ -36,178 +40,89 @@ async fn next<S: Subscription>(sub: &mut S) -> S::Delivery {
     next_within(sub, WAIT).await
 }
 
-#[tokio::test]
-async fn published_messages_arrive_with_their_ids_and_payloads() {
-    let config = setup().await;
-    let publisher = AmqpPublisher::connect(config.clone()).await.unwrap();
-    let mut sub = AmqpSubscription::connect(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-    for i in 0..5 {
-        let outcome = publisher
-            .publish(&message(&format!("evt_{i}"), &format!("{{\"n\":{i}}}")))
-            .await;
-        assert_eq!(outcome.unwrap(), Published::Stored);
+/// A fresh namespace on RabbitMQ, its group's queues declared.
+struct Amqp(AmqpConfig);
+
+impl Broker for Amqp {
+    type Publisher = AmqpPublisher;
+    type Subscription = AmqpSubscription;
+    type Delivery = AmqpDelivery;
+
+    const WAIT: Duration = WAIT;
+    const COUNTS_DELIVERIES: bool = true;
+    const DROPS_DUPLICATES: bool = false;
+    const RETRIES_IN_ORDER: bool = false;
+
+    async fn fresh() -> Self {
+        Self(setup().await)
     }
-    for i in 0..5 {
-        let delivery = next(&mut sub).await;
-        assert_eq!(
-            delivery.message(),
-            &message(&format!("evt_{i}"), &format!("{{\"n\":{i}}}"))
-        );
-        assert_eq!(delivery.attempt(), 1);
-        delivery.ack().await.unwrap();
+
+    async fn publisher(&self) -> AmqpPublisher {
+        AmqpPublisher::connect(self.0.clone()).await.unwrap()
     }
-    nothing(&mut sub, Duration::from_millis(300)).await;
-    delete(&config, GROUP, TOPIC).await.unwrap();
-}
 
-#[tokio::test]
-async fn an_unacked_delivery_comes_back_to_the_next_consumer() {
-    let config = setup().await;
-    let publisher = AmqpPublisher::connect(config.clone()).await.unwrap();
-    publisher.publish(&message("evt_crash", "x")).await.unwrap();
-
-    let mut sub = AmqpSubscription::connect(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-    let first = next(&mut sub).await;
-    assert_eq!(
-        (first.message().id.as_str(), first.attempt()),
-        ("evt_crash", 1)
-    );
-    // The consumer "crashes": no ack, its connection goes.
-    drop(first);
-    drop(sub);
-
-    let mut sub = AmqpSubscription::connect(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-    let again = next(&mut sub).await;
-    assert_eq!(
-        (again.message().id.as_str(), again.attempt()),
-        ("evt_crash", 2)
-    );
-    again.ack().await.unwrap();
-    nothing(&mut sub, Duration::from_millis(300)).await;
-    delete(&config, GROUP, TOPIC).await.unwrap();
-}
-
-#[tokio::test]
-async fn a_retried_delivery_comes_back_with_a_higher_attempt() {
-    let config = setup().await;
-    let publisher = AmqpPublisher::connect(config.clone()).await.unwrap();
-    publisher.publish(&message("evt_retry", "x")).await.unwrap();
-    let mut sub = AmqpSubscription::connect(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-
-    for attempt in 1..=2 {
-        let delivery = next(&mut sub).await;
-        assert_eq!(
-            (delivery.message().id.as_str(), delivery.attempt()),
-            ("evt_retry", attempt)
-        );
-        delivery.retry().await.unwrap();
+    async fn subscribe(&self) -> AmqpSubscription {
+        AmqpSubscription::connect(self.0.clone(), GROUP, TOPIC)
+            .await
+            .unwrap()
     }
-    let last = next(&mut sub).await;
-    assert_eq!(
-        last.attempt(),
-        3,
-        "the delivery limit's last attempt is visible as such"
-    );
-    last.ack().await.unwrap();
-    delete(&config, GROUP, TOPIC).await.unwrap();
-}
 
-#[tokio::test]
-async fn a_dead_lettered_message_is_kept_aside_and_not_redelivered() {
-    let config = setup().await;
-    let publisher = AmqpPublisher::connect(config.clone()).await.unwrap();
-    publisher
-        .publish(&message("evt_poison", "{bad"))
-        .await
-        .unwrap();
-    publisher.publish(&message("evt_fine", "{}")).await.unwrap();
-    let mut sub = AmqpSubscription::connect(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-
-    next(&mut sub)
-        .await
-        .dead_letter("cannot parse the payload")
-        .await
-        .unwrap();
-    let fine = next(&mut sub).await;
-    assert_eq!(fine.message().id.as_str(), "evt_fine");
-    fine.ack().await.unwrap();
-    nothing(&mut sub, Duration::from_millis(300)).await;
-
-    let mut dead = AmqpSubscription::dead_letters(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-    let letter = next(&mut dead).await;
-    assert_eq!(letter.message(), &message("evt_poison", "{bad"));
-    assert_eq!(letter.dead_reason(), Some("cannot parse the payload"));
-    letter.ack().await.unwrap();
-    delete(&config, GROUP, TOPIC).await.unwrap();
-}
-
-#[tokio::test]
-async fn the_same_id_twice_is_queued_twice_for_the_inbox_to_dedup() {
-    // RabbitMQ has no duplicate window: both copies are stored and delivered.
-    let config = setup().await;
-    let publisher = AmqpPublisher::connect(config.clone()).await.unwrap();
-    let event = message("evt_twice", "x");
-    assert_eq!(publisher.publish(&event).await.unwrap(), Published::Stored);
-    assert_eq!(publisher.publish(&event).await.unwrap(), Published::Stored);
-
-    let mut sub = AmqpSubscription::connect(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-    for _ in 0..2 {
-        let delivery = next(&mut sub).await;
-        assert_eq!(delivery.message(), &event);
-        delivery.ack().await.unwrap();
+    async fn dead_letters(&self) -> AmqpSubscription {
+        AmqpSubscription::dead_letters(self.0.clone(), GROUP, TOPIC)
+            .await
+            .unwrap()
     }
-    delete(&config, GROUP, TOPIC).await.unwrap();
+
+    fn dead_reason(delivery: &AmqpDelivery) -> Option<&str> {
+        delivery.dead_reason()
+    }
+
+    async fn nothing_more(&self, mut sub: AmqpSubscription) {
+        // RabbitMQ redelivers at once or not at all (no timer): a short quiet is enough.
+        nothing(&mut sub, Duration::from_millis(300)).await;
+    }
+
+    async fn delete(self) {
+        delete(&self.0, GROUP, TOPIC).await.unwrap();
+    }
+
+    fn any_settings() -> BrokerSettings {
+        idem_testkit::require(idem_testkit::Service::RabbitMq);
+        BrokerSettings::new(URL, namespace(), TOPIC, GROUP)
+    }
 }
+
+common::broker_suite!(Amqp);
 
 #[tokio::test]
 async fn a_message_returned_too_often_is_dead_lettered_by_the_broker() {
     // Three "crashes" use up the three deliveries of delivery_limit 3; the quorum queue then
     // dead-letters the message itself, as no consumer lived to do it.
-    let config = setup().await;
-    let publisher = AmqpPublisher::connect(config.clone()).await.unwrap();
+    let broker = Amqp::fresh().await;
+    let publisher = broker.publisher().await;
     publisher
         .publish(&message("evt_crashy", "x"))
         .await
         .unwrap();
     for attempt in 1..=3 {
-        let mut sub = AmqpSubscription::connect(config.clone(), GROUP, TOPIC)
-            .await
-            .unwrap();
+        let mut sub = broker.subscribe().await;
         let delivery = next(&mut sub).await;
         assert_eq!(delivery.attempt(), attempt);
     }
-    let mut dead = AmqpSubscription::dead_letters(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
+    let mut dead = broker.dead_letters().await;
     let letter = next(&mut dead).await;
     assert_eq!(letter.message(), &message("evt_crashy", "x"));
     assert_eq!(letter.dead_reason(), Some("delivery_limit"));
     letter.ack().await.unwrap();
-    let mut sub = AmqpSubscription::connect(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-    nothing(&mut sub, Duration::from_millis(300)).await;
-    delete(&config, GROUP, TOPIC).await.unwrap();
+    broker.nothing_more(broker.subscribe().await).await;
+    broker.delete().await;
 }
 
 #[tokio::test]
 async fn a_publish_nobody_would_receive_is_an_error() {
-    let config = config();
-    let publisher = AmqpPublisher::connect(config.clone()).await.unwrap();
+    // No queue declared: the exchange routes the message nowhere.
+    let broker = Amqp(config());
+    let publisher = broker.publisher().await;
     let err = publisher
         .publish(&message("evt_lost", "x"))
         .await
@@ -221,26 +136,5 @@ async fn a_publish_nobody_would_receive_is_an_error() {
         ),
         "{err}"
     );
-    delete(&config, GROUP, TOPIC).await.unwrap();
-}
-
-#[tokio::test]
-async fn any_broker_settings_reach_rabbitmq() {
-    let namespace = namespace();
-    let settings = BrokerSettings::new(URL, namespace, TOPIC, GROUP);
-    let publisher = AnyPublisher::connect(&settings).await.unwrap();
-    let mut sub = AnySubscription::connect(&settings).await.unwrap();
-    publisher.publish(&message("evt_any", "x")).await.unwrap();
-    let delivery = next(&mut sub).await;
-    assert_eq!(delivery.message(), &message("evt_any", "x"));
-    delivery
-        .dead_letter("checking the dead letters")
-        .await
-        .unwrap();
-
-    let mut dead = AnySubscription::dead_letters(&settings).await.unwrap();
-    let letter = next(&mut dead).await;
-    assert_eq!(letter.dead_reason(), Some("checking the dead letters"));
-    letter.ack().await.unwrap();
-    delete_broker_objects(&settings).await.unwrap();
+    broker.delete().await;
 }

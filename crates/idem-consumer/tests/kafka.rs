@@ -1,5 +1,6 @@
-//! The Kafka adapter against a Kafka-compatible broker on 127.0.0.1:19092 (tansu in CI).
-//! Each test works in a namespace of its own and deletes its topics and groups at the end.
+//! The Kafka adapter against a Kafka-compatible broker on 127.0.0.1:19092 (tansu in CI): the
+//! broker suite, and what only Kafka does. Each test works in a namespace of its own and
+//! deletes its topics and groups at the end.
 //!
 //! Where a test must show that something is *not* delivered again, it publishes a marker
 //! after it and waits for the marker: the first thing a fresh consumer of the group sees
@@ -10,11 +11,12 @@ mod common;
 
 use std::time::Duration;
 
+use common::suite::Broker;
 use common::{GROUP, TOPIC, message, namespace, next_within};
 
-use idem_consumer::any::{AnyPublisher, AnySubscription, BrokerSettings, delete_broker_objects};
-use idem_consumer::kafka::{KafkaConfig, KafkaPublisher, KafkaSubscription, delete};
-use idem_consumer::{Delivery, Published, Publisher, Subscription};
+use idem_consumer::any::BrokerSettings;
+use idem_consumer::kafka::{KafkaConfig, KafkaDelivery, KafkaPublisher, KafkaSubscription, delete};
+use idem_consumer::{Delivery, Publisher, Subscription};
 
 const SERVERS: &str = "127.0.0.1:19092";
 /// Joining a group takes a rebalance, which takes a few seconds on a fresh group.
@@ -39,29 +41,72 @@ async fn subscribe(config: &KafkaConfig) -> KafkaSubscription {
         .unwrap()
 }
 
-#[tokio::test]
-async fn published_messages_arrive_with_their_ids_and_payloads() {
-    let config = config();
-    let publisher = KafkaPublisher::connect(config.clone()).await.unwrap();
-    for i in 0..5 {
-        let outcome = publisher
-            .publish(&message(&format!("evt_{i}"), &format!("{{\"n\":{i}}}")))
-            .await;
-        assert_eq!(outcome.unwrap(), Published::Stored);
-    }
-    let mut sub = subscribe(&config).await;
-    for i in 0..5 {
-        let delivery = next(&mut sub).await;
-        assert_eq!(
-            delivery.message(),
-            &message(&format!("evt_{i}"), &format!("{{\"n\":{i}}}"))
-        );
-        assert_eq!(delivery.attempt(), 1);
-        delivery.ack().await.unwrap();
-    }
-    drop(sub);
-    delete(&config, GROUP, TOPIC).await.unwrap();
+/// The group's committed offset is past everything published so far: a marker published
+/// now is the first thing a fresh member of the group sees.
+async fn assert_committed_to_the_end(config: &KafkaConfig, publisher: &KafkaPublisher) {
+    publisher
+        .publish(&message("evt_marker", "x"))
+        .await
+        .unwrap();
+    let mut sub = subscribe(config).await;
+    assert_eq!(next(&mut sub).await.message().id.as_str(), "evt_marker");
 }
+
+/// A fresh namespace on Kafka.
+struct Kafka(KafkaConfig);
+
+impl Broker for Kafka {
+    type Publisher = KafkaPublisher;
+    type Subscription = KafkaSubscription;
+    type Delivery = KafkaDelivery;
+
+    const WAIT: Duration = WAIT;
+    const COUNTS_DELIVERIES: bool = false;
+    const DROPS_DUPLICATES: bool = false;
+    const RETRIES_IN_ORDER: bool = true;
+
+    async fn fresh() -> Self {
+        Self(config())
+    }
+
+    async fn publisher(&self) -> KafkaPublisher {
+        KafkaPublisher::connect(self.0.clone()).await.unwrap()
+    }
+
+    async fn subscribe(&self) -> KafkaSubscription {
+        subscribe(&self.0).await
+    }
+
+    async fn dead_letters(&self) -> KafkaSubscription {
+        KafkaSubscription::dead_letters(self.0.clone(), GROUP, TOPIC)
+            .await
+            .unwrap()
+    }
+
+    fn dead_reason(delivery: &KafkaDelivery) -> Option<&str> {
+        delivery.dead_reason()
+    }
+
+    async fn nothing_more(&self, sub: KafkaSubscription) {
+        // The member leaves the group, so the marker's reader gets the partition at once.
+        drop(sub);
+        assert_committed_to_the_end(&self.0, &self.publisher().await).await;
+    }
+
+    async fn delete(self) {
+        delete(&self.0, GROUP, TOPIC).await.unwrap();
+    }
+
+    fn any_settings() -> BrokerSettings {
+        idem_testkit::require(idem_testkit::Service::Kafka);
+        BrokerSettings {
+            session_timeout: Duration::from_secs(6),
+            ..BrokerSettings::new(format!("kafka://{SERVERS}"), namespace(), TOPIC, GROUP)
+        }
+    }
+}
+
+common::broker_suite!(Kafka);
 
 #[tokio::test]
 async fn offsets_of_unacked_messages_are_not_committed() {
@@ -91,99 +136,8 @@ async fn offsets_of_unacked_messages_are_not_committed() {
     }
     drop(sub);
 
-    publisher
-        .publish(&message("evt_marker", "x"))
-        .await
-        .unwrap();
-    let mut sub = subscribe(&config).await;
-    assert_eq!(next(&mut sub).await.message().id.as_str(), "evt_marker");
-    drop(sub);
+    assert_committed_to_the_end(&config, &publisher).await;
     delete(&config, GROUP, TOPIC).await.unwrap();
-}
-
-#[tokio::test]
-async fn a_retried_delivery_comes_back_with_a_higher_attempt() {
-    let config = config();
-    let publisher = KafkaPublisher::connect(config.clone()).await.unwrap();
-    publisher.publish(&message("evt_retry", "x")).await.unwrap();
-    publisher.publish(&message("evt_after", "y")).await.unwrap();
-    let mut sub = subscribe(&config).await;
-
-    for attempt in 1..=2 {
-        let delivery = next(&mut sub).await;
-        assert_eq!(
-            (delivery.message().id.as_str(), delivery.attempt()),
-            ("evt_retry", attempt)
-        );
-        delivery.retry().await.unwrap();
-    }
-    let last = next(&mut sub).await;
-    assert_eq!(
-        (last.message().id.as_str(), last.attempt()),
-        ("evt_retry", 3)
-    );
-    last.ack().await.unwrap();
-    let after = next(&mut sub).await;
-    assert_eq!(
-        (after.message().id.as_str(), after.attempt()),
-        ("evt_after", 1)
-    );
-    after.ack().await.unwrap();
-    drop(sub);
-    delete(&config, GROUP, TOPIC).await.unwrap();
-}
-
-#[tokio::test]
-async fn a_dead_lettered_message_is_kept_aside_and_not_redelivered() {
-    let config = config();
-    let publisher = KafkaPublisher::connect(config.clone()).await.unwrap();
-    publisher
-        .publish(&message("evt_poison", "{bad"))
-        .await
-        .unwrap();
-    let mut sub = subscribe(&config).await;
-    next(&mut sub)
-        .await
-        .dead_letter("cannot parse the payload")
-        .await
-        .unwrap();
-    drop(sub);
-
-    let mut dead = KafkaSubscription::dead_letters(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap();
-    let letter = next(&mut dead).await;
-    assert_eq!(letter.message(), &message("evt_poison", "{bad"));
-    assert_eq!(letter.dead_reason(), Some("cannot parse the payload"));
-    letter.ack().await.unwrap();
-    drop(dead);
-
-    publisher
-        .publish(&message("evt_marker", "x"))
-        .await
-        .unwrap();
-    let mut sub = subscribe(&config).await;
-    assert_eq!(next(&mut sub).await.message().id.as_str(), "evt_marker");
-    drop(sub);
-    delete(&config, GROUP, TOPIC).await.unwrap();
-}
-
-#[tokio::test]
-async fn any_broker_settings_reach_kafka() {
-    idem_testkit::require(idem_testkit::Service::Kafka);
-    let namespace = namespace();
-    let settings = BrokerSettings {
-        session_timeout: Duration::from_secs(6),
-        ..BrokerSettings::new(format!("kafka://{SERVERS}"), namespace, TOPIC, GROUP)
-    };
-    let publisher = AnyPublisher::connect(&settings).await.unwrap();
-    publisher.publish(&message("evt_any", "x")).await.unwrap();
-    let mut sub = AnySubscription::connect(&settings).await.unwrap();
-    let delivery = next(&mut sub).await;
-    assert_eq!(delivery.message(), &message("evt_any", "x"));
-    delivery.ack().await.unwrap();
-    drop(sub);
-    delete_broker_objects(&settings).await.unwrap();
 }
 
 /// The child half of [`a_killed_consumers_partition_goes_to_the_next_one`]: takes one

@@ -1,6 +1,9 @@
-//! What the adapters' tests share: names, a fresh namespace, and waiting for deliveries.
+//! What the adapters' tests share: names, a fresh namespace, waiting for deliveries, and the
+//! broker suite ([`suite`]) that each of them instantiates with [`broker_suite!`].
 
 #![allow(dead_code, unreachable_pub)] // each test binary uses a different part
+
+pub mod suite;
 
 use std::time::Duration;
 
@@ -40,3 +43,27 @@ where
         panic!("expected no delivery, got {delivery:?}");
     }
 }
+
+/// Instantiates every scenario of [`suite`] as a test of this binary, for the broker
+/// `$broker` (a type implementing [`suite::Broker`]).
+macro_rules! broker_suite {
+    ($broker:ty) => {
+        $crate::common::broker_suite!(@tests $broker;
+            published_messages_arrive_with_their_ids_and_payloads,
+            an_unacked_delivery_comes_back_to_the_next_consumer,
+            a_retried_delivery_comes_back_with_a_higher_attempt,
+            a_dead_lettered_message_is_kept_aside_and_not_redelivered,
+            the_same_id_published_twice,
+            any_broker_settings_reach_the_broker,
+        );
+    };
+    (@tests $broker:ty; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $name() {
+                $crate::common::suite::$name::<$broker>().await;
+            }
+        )*
+    };
+}
+pub(crate) use broker_suite;
