@@ -215,6 +215,32 @@ async fn a_certificate_the_client_does_not_trust_is_refused_naming_the_host() {
     assert!(stderr.contains("empty.pem"), "{stderr}");
 }
 
+/// A payment POSTed with curl `flag` (`--http2`, `--http1.1`): its head, lowercased, and
+/// `version=` the HTTP version curl spoke.
+fn curl_post(pki: &Pki, flag: &str, url: &str, key: &str) -> String {
+    let output = Command::new("curl")
+        .args([
+            "-sS",
+            flag,
+            "--cacert",
+            &pki.ca(),
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+        ])
+        .args(["-w", "version=%{http_version}\n"])
+        .args(["-H", &format!("authorization: Bearer {ALICE}")])
+        .args(["-H", &format!("idempotency-key: {key}")])
+        .args(["-H", "content-type: application/json"])
+        .args(["--data", r#"{"amount": 1200, "currency": "EUR"}"#, url])
+        .output()
+        .expect("curl is installed");
+    let out = text(&output.stdout).to_ascii_lowercase();
+    assert!(output.status.success(), "{out}{}", text(&output.stderr));
+    out
+}
+
 /// curl, asking for HTTP/2 and for HTTP/1.1: ALPN gives each what it asked for, and a retried
 /// POST is a replay either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,26 +251,7 @@ async fn idem_serve_speaks_http2_and_http1_over_alpn_to_curl() {
     let url = format!("{}/payments", by_name(&server.url));
     let key = uuid::Uuid::new_v4().to_string();
     for (flag, version, replayed) in [("--http2", "2", false), ("--http1.1", "1.1", true)] {
-        let output = Command::new("curl")
-            .args([
-                "-sS",
-                flag,
-                "--cacert",
-                &pki.ca(),
-                "-D",
-                "-",
-                "-o",
-                "/dev/null",
-            ])
-            .args(["-w", "version=%{http_version}\n"])
-            .args(["-H", &format!("authorization: Bearer {ALICE}")])
-            .args(["-H", &format!("idempotency-key: {key}")])
-            .args(["-H", "content-type: application/json"])
-            .args(["--data", r#"{"amount": 1200, "currency": "EUR"}"#, &url])
-            .output()
-            .expect("curl is installed");
-        let out = text(&output.stdout).to_ascii_lowercase();
-        assert!(output.status.success(), "{out}{}", text(&output.stderr));
+        let out = curl_post(&pki, flag, &url, &key);
         assert!(out.contains(&format!("version={version}\n")), "{out}");
         assert!(out.contains(" 201"), "{out}");
         assert_eq!(out.contains("idempotent-replayed: true"), replayed, "{out}");
@@ -281,6 +288,15 @@ async fn the_proxy_serves_https_in_front_of_an_https_upstream() {
     let url = format!("{}/payments", by_name(&proxy.url));
     let output = idem(drill_args(&url, &["--ca-cert", &ca, "--json"])).await;
     assert_drill_passed(&output);
+    // An HTTP/2 client of the proxy: its request goes upstream over HTTP/1.1, and its retry
+    // is a replay.
+    let key = uuid::Uuid::new_v4().to_string();
+    for replayed in [false, true] {
+        let out = curl_post(&pki, "--http2", &url, &key);
+        assert!(out.contains("version=2\n"), "{out}");
+        assert!(out.contains(" 201"), "{out}");
+        assert_eq!(out.contains("idempotent-replayed: true"), replayed, "{out}");
+    }
 
     // The upstream's certificate is not trusted without --ca-cert: a 502, and nothing stored.
     let store = format!("sqlite://{}", dir.path().join("proxy2.db").display());

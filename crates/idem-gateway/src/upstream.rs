@@ -175,6 +175,9 @@ impl Upstream {
             }
         }
         parts.uri = uri;
+        // The upstream hop is HTTP/1.1 whatever the client spoke: an HTTP/2 request (over
+        // TLS with ALPN) would otherwise be refused by the HTTP/1 client before it is sent.
+        parts.version = http::Version::HTTP_11;
         parts.extensions = Default::default();
         let outgoing = Request::from_parts(parts, body);
 
