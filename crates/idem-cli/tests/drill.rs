@@ -4,7 +4,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Command, Output};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use common::{ALICE, BOB, TestServer};
+use common::{ALICE, BOB, TestServer, drill_args, idem};
 use idem_cli::drill::{Drill, DrillConfig, Report, Status};
 use idem_client::{RecordingSleeper, Sleep, Sleeper};
 use idem_core::ManualClock;
@@ -217,27 +216,6 @@ async fn a_refused_token_stops_the_drill_before_any_check() {
     );
     assert_eq!(server.payments().await, 0);
     server.stop().await;
-}
-
-/// Runs the `idem` binary on a blocking thread, so the in-process server keeps answering.
-async fn idem(args: Vec<String>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn drill_args(url: &str, extra: &[&str]) -> Vec<String> {
-    ["drill", "--url", url, "--token-a", ALICE, "--token-b", BOB]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
-use common::{ALICE, BOB};
+use common::{ALICE, drill_args, idem};
 use processes::{Idem, Serve};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
@@ -82,26 +82,6 @@ async fn serve_tls(pki: &Pki, dir: &Path) -> Serve {
 /// `https://localhost:PORT`: the name on the certificate, not the address the server printed.
 fn by_name(url: &str) -> String {
     url.replace("127.0.0.1", "localhost")
-}
-
-async fn idem(args: Vec<String>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn drill_args(url: &str, extra: &[&str]) -> Vec<String> {
-    ["drill", "--url", url, "--token-a", ALICE, "--token-b", BOB]
-        .iter()
-        .chain(extra)
-        .map(|s| s.to_string())
-        .collect()
 }
 
 fn text(bytes: &[u8]) -> String {

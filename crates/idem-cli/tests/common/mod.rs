@@ -159,3 +159,25 @@ impl Answer {
 pub async fn send(req: reqwest::RequestBuilder) -> Answer {
     Answer::of(req.send().await.expect("the server answers")).await
 }
+
+/// Runs the `idem` binary with `args` to its end (off the async runtime's threads).
+pub async fn idem(args: Vec<String>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// `idem drill --url URL` with the sandbox's two tokens, then `extra`.
+pub fn drill_args(url: &str, extra: &[&str]) -> Vec<String> {
+    ["drill", "--url", url, "--token-a", ALICE, "--token-b", BOB]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+}
