@@ -85,6 +85,42 @@ async fn a_missing_key_is_400_and_nothing_is_stored() {
     server.stop().await;
 }
 
+/// idem's own refusals point at the published rules (`Link: …; rel="describedby"`); the
+/// service's own answers (a validation 400, a 201, its replay) do not.
+#[tokio::test]
+async fn idem_refusals_link_the_published_rules_and_nothing_else_does() {
+    let server = TestServer::start().await;
+    let link = |answer: &common::Answer| {
+        answer
+            .headers
+            .get("link")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let expected = Some(r#"</idempotency-policy>; rel="describedby""#.to_owned());
+    let missing = send(server.post(ALICE, None, BODY)).await;
+    assert_eq!((missing.status, link(&missing)), (400, expected.clone()));
+    let malformed = send(server.post(ALICE, Some("short"), BODY)).await;
+    assert_eq!(
+        (malformed.status, link(&malformed)),
+        (400, expected.clone())
+    );
+    let invalid = send(server.post(ALICE, Some("link-key-0001"), r#"{"amount": -5}"#)).await;
+    assert_eq!(
+        (invalid.status, link(&invalid)),
+        (400, None),
+        "the service's own 400"
+    );
+    let created = send(server.post(ALICE, Some("link-key-0002"), BODY)).await;
+    let replayed = send(server.post(ALICE, Some("link-key-0002"), BODY)).await;
+    assert_eq!((created.status, link(&created)), (201, None));
+    assert_eq!((replayed.status, link(&replayed)), (201, None));
+    assert!(replayed.replayed());
+    let other = r#"{"amount": 1, "currency": "EUR"}"#;
+    let mismatch = send(server.post(ALICE, Some("link-key-0002"), other)).await;
+    assert_eq!((mismatch.status, link(&mismatch)), (422, expected));
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn malformed_keys_are_400_and_nothing_is_stored() {
     let server = TestServer::start().await;

@@ -155,6 +155,7 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
     };
     let idempotency = IdempotencyLayer::leased(store)
         .with_policy(policy)
+        .with_policy_link(POLICY_PATH)
         .with_clock(config.clock.clone())
         .with_account(move |parts| match parts.headers.get(&credential) {
             // The credential itself is never stored: only its HMAC under the server secret.

@@ -305,6 +305,11 @@ async fn a_missing_key_is_400_and_the_upstream_never_sees_it<St: Store>(store: S
     let answer = send(proxy.post("/charges", ALICE, None, BODY)).await;
     assert_eq!(answer.status, 400);
     assert!(answer.body.contains("urn:idem:problem:missing-key"));
+    // The refusal points at the gateway's published rules.
+    assert_eq!(
+        answer.headers["link"],
+        r#"</.well-known/idempotency-policy>; rel="describedby""#
+    );
     assert_eq!(proxy.charges(), 0);
 }
 

@@ -22,7 +22,7 @@ use tower::{Layer, Service};
 
 use crate::claim::Claim;
 use crate::mode::{LeaseMode, Mode, TransactionMode};
-use crate::response::{Refusal, Served, answer, store_unavailable};
+use crate::response::{Refusal, Refused, Served, answer, store_unavailable};
 use crate::{OutcomeSignal, Reconciliation};
 
 /// Finds the account a request acts for.
@@ -40,6 +40,8 @@ pub struct IdempotencyLayer<M> {
     clock: Arc<dyn Clock>,
     account: AccountFn,
     replay_read: bool,
+    /// `Link: <URL>; rel="describedby"` for the layer's own 400, 409 and 422.
+    policy_link: Option<http::HeaderValue>,
 }
 
 impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
@@ -49,6 +51,7 @@ impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
             .field("policy", &self.policy)
             .field("clock", &self.clock)
             .field("replay_read", &self.replay_read)
+            .field("policy_link", &self.policy_link)
             .finish_non_exhaustive()
     }
 }
@@ -61,7 +64,19 @@ impl<M: Mode> IdempotencyLayer<M> {
             clock: Arc::new(SystemClock),
             account: Arc::new(account_from_extensions),
             replay_read: true,
+            policy_link: None,
         }
+    }
+
+    /// Points the layer's own `400`, `409` and `422` answers at the published rules with
+    /// `Link: <url>; rel="describedby"` (docs/contract.md §9), so a client that meets a
+    /// refusal can find why. `url` is where the service publishes its policy (idem serve:
+    /// `/idempotency-policy`). Panics if `url` cannot be a header value.
+    pub fn with_policy_link(mut self, url: &str) -> Self {
+        let link = format!("<{url}>; rel=\"describedby\"");
+        self.policy_link =
+            Some(http::HeaderValue::try_from(link).expect("a policy URL fit for a header"));
+        self
     }
 
     /// Replaces the [`Policy`] (default: [`Policy::default`]).
@@ -210,7 +225,17 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        ResponseFuture::guarded(Box::pin(guard(layer, inner, request)))
+        ResponseFuture::guarded(Box::pin(async move {
+            let link = layer.policy_link.clone();
+            let mut response = guard(layer, inner, request).await?;
+            if let Some(link) = link
+                && response.extensions().get::<Refused>().is_some()
+                && matches!(response.status().as_u16(), 400 | 409 | 422)
+            {
+                response.headers_mut().append(http::header::LINK, link);
+            }
+            Ok(response)
+        }))
     }
 }
 

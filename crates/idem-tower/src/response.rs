@@ -98,6 +98,7 @@ impl Refusal {
     /// rather than counted as a request's outcome.
     pub(crate) fn response<B: From<Bytes>>(self, detail: impl Into<String>) -> Response<B> {
         let mut response = problem(self.kind(), detail);
+        response.extensions_mut().insert(Refused);
         if let Some(after) = self.retry_after() {
             response
                 .headers_mut()
@@ -106,6 +107,11 @@ impl Refusal {
         response
     }
 }
+
+/// Marks a response as the layer's own refusal, not the handler's answer nor a replay, so the
+/// layer can add what only its refusals carry (the policy `Link`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refused;
 
 /// A problem-details response of `kind`, with no `Retry-After`.
 pub(crate) fn problem<B: From<Bytes>>(kind: ProblemKind, detail: impl Into<String>) -> Response<B> {

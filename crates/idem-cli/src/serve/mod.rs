@@ -148,6 +148,9 @@ pub struct ServeConfig {
     pub replay_read: bool,
 }
 
+/// Where `idem serve` publishes its idempotency rules; its refusals link here.
+pub const POLICY_PATH: &str = "/idempotency-policy";
+
 /// The sandbox tokens registered when none are given.
 pub const DEFAULT_TOKENS: [(&str, &str); 2] =
     [("sk_test_alice", "acct_alice"), ("sk_test_bob", "acct_bob")];
@@ -342,6 +345,7 @@ impl<B: Backend> App<B> {
     fn router(&self, config: &ServeConfig) -> Router {
         let mut idempotency = IdempotencyLayer::transactional(self.store.clone())
             .with_policy(config.policy.clone())
+            .with_policy_link(POLICY_PATH)
             .with_clock(config.clock.clone());
         // Payouts call the provider: lease mode, and a crashed worker's payout is reconciled
         // with the provider rather than run again.
@@ -358,6 +362,7 @@ impl<B: Backend> App<B> {
         };
         let mut leased = leased
             .with_policy(payout_policy)
+            .with_policy_link(POLICY_PATH)
             .with_clock(config.clock.clone());
         if !config.replay_read {
             idempotency = idempotency.without_replay_read();
@@ -394,7 +399,7 @@ impl<B: Backend> App<B> {
         Router::new()
             .route("/healthz", get(healthz::<B>))
             .route("/metrics", get(metrics::<B>))
-            .route("/idempotency-policy", get(policy::<B>))
+            .route(POLICY_PATH, get(policy::<B>))
             .route("/openapi.json", get(openapi::document::<B>))
             .merge(api)
             .with_state(self.clone())
