@@ -7,6 +7,8 @@
 //! have their own deadline in the idempotency layer (`Policy::body_timeout`).
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -16,6 +18,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tower::Service;
 
 use crate::tls::ServerTls;
 
@@ -59,7 +62,7 @@ async fn accept_loop(
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, addr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 // Out of file descriptors and the like: wait a moment rather than spin.
@@ -73,11 +76,14 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
+        let tls = acceptor.is_some();
         // A client that goes away, times out or fails its handshake ends its connection;
         // nothing to report.
         match &acceptor {
             None => {
-                let connection = graceful.watch(connection(stream, router, head_timeout));
+                let peer = Peer { addr, tls };
+                let connection =
+                    graceful.watch(connection_from(stream, router, head_timeout, peer));
                 tokio::spawn(async move {
                     let _ = connection.await;
                 });
@@ -89,11 +95,12 @@ async fn accept_loop(
                     let Ok(Ok(stream)) = tokio::time::timeout(head_timeout, handshake).await else {
                         return;
                     };
+                    let peer = Peer { addr, tls };
                     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                        let _ = watcher.watch(h2_connection(stream, router)).await;
+                        let _ = watcher.watch(h2_connection(stream, router, peer)).await;
                     } else {
                         let _ = watcher
-                            .watch(connection(stream, router, head_timeout))
+                            .watch(connection_from(stream, router, head_timeout, peer))
                             .await;
                     }
                 });
@@ -114,7 +121,8 @@ async fn accept_loop(
 fn h2_connection<I>(
     io: I,
     router: Router,
-) -> http2::Connection<TokioIo<I>, TowerToHyperService<Router>, TokioExecutor>
+    peer: Peer,
+) -> http2::Connection<TokioIo<I>, TowerToHyperService<WithPeer>, TokioExecutor>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -123,17 +131,49 @@ where
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(HEAD_TIMEOUT))
         .keep_alive_timeout(Duration::from_secs(20));
-    builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
+    let service = WithPeer {
+        router,
+        peer: Some(peer),
+    };
+    builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
 }
 
 /// One client connection of the server loop: `router` on hyper's HTTP/1, closed when a request
 /// head does not arrive within `head_timeout`. Public so the fuzzer can feed it bytes from
-/// memory through exactly what a socket's bytes go through.
+/// memory through exactly what a socket's bytes go through; its requests have no [`Peer`], so
+/// the gateway's forwarding headers name no client address for them.
 pub fn connection<I>(
     io: I,
     router: Router,
     head_timeout: Duration,
-) -> http1::Connection<TokioIo<I>, TowerToHyperService<Router>>
+) -> http1::Connection<TokioIo<I>, TowerToHyperService<WithPeer>>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    http1_connection(io, WithPeer { router, peer: None }, head_timeout)
+}
+
+fn connection_from<I>(
+    io: I,
+    router: Router,
+    head_timeout: Duration,
+    peer: Peer,
+) -> http1::Connection<TokioIo<I>, TowerToHyperService<WithPeer>>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = WithPeer {
+        router,
+        peer: Some(peer),
+    };
+    http1_connection(io, service, head_timeout)
+}
+
+fn http1_connection<I>(
+    io: I,
+    service: WithPeer,
+    head_timeout: Duration,
+) -> http1::Connection<TokioIo<I>, TowerToHyperService<WithPeer>>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -144,5 +184,41 @@ where
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(head_timeout);
-    builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(router))
+    builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
+}
+
+/// Who is on the other end of a connection, for the gateway's forwarding headers.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// Whether the connection is TLS (`X-Forwarded-Proto: https`).
+    pub tls: bool,
+}
+
+/// The router, with each request told its connection's [`Peer`] (a request extension).
+#[derive(Debug, Clone)]
+pub struct WithPeer {
+    router: Router,
+    peer: Option<Peer>,
+}
+
+impl<B> Service<http::Request<B>> for WithPeer
+where
+    Router: Service<http::Request<B>>,
+{
+    type Response = <Router as Service<http::Request<B>>>::Response;
+    type Error = <Router as Service<http::Request<B>>>::Error;
+    type Future = <Router as Service<http::Request<B>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        <Router as Service<http::Request<B>>>::poll_ready(&mut self.router, cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        if let Some(peer) = self.peer {
+            request.extensions_mut().insert(peer);
+        }
+        self.router.call(request)
+    }
 }

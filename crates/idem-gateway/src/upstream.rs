@@ -19,6 +19,7 @@ use idem_core::{ProblemKind, Scope};
 use idem_tower::Outcome;
 use tower::Service;
 
+use crate::server::Peer;
 use crate::{ClientTls, Secret, UnknownOutcome};
 
 /// What the upstream receives in its `Idempotency-Key`.
@@ -67,6 +68,54 @@ impl Upstream {
             on_5xx: UnknownOutcome::Store,
             on_timeout: UnknownOutcome::Keep,
         }
+    }
+}
+
+/// Tells the upstream who called and how: `X-Forwarded-For` (the client's address appended to
+/// any the request brought), `X-Forwarded-Proto`, and `Forwarded` (RFC 7239) with `for`,
+/// `proto` and `host`, appended after any element an earlier proxy wrote. Without a [`Peer`]
+/// (a connection the gateway did not accept itself) only the host is told.
+fn add_forwarding(headers: &mut HeaderMap, peer: Option<Peer>, host: Option<&HeaderValue>) {
+    let mut element = Vec::new();
+    if let Some(peer) = peer {
+        let ip = peer.addr.ip();
+        let seen = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(earlier) if !earlier.trim().is_empty() => format!("{earlier}, {ip}"),
+            _ => ip.to_string(),
+        };
+        if let Ok(value) = HeaderValue::try_from(seen) {
+            headers.insert("x-forwarded-for", value);
+        }
+        let proto = if peer.tls { "https" } else { "http" };
+        headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+        // RFC 7239 §6: an IPv6 address is quoted and bracketed.
+        element.push(match ip {
+            std::net::IpAddr::V4(ip) => format!("for={ip}"),
+            std::net::IpAddr::V6(ip) => format!("for=\"[{ip}]\""),
+        });
+        element.push(format!("proto={proto}"));
+    }
+    // A host with characters outside a token is sent as a quoted string.
+    if let Some(host) = host.and_then(|h| h.to_str().ok()) {
+        if host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-_~".contains(&b))
+        {
+            element.push(format!("host={host}"));
+        } else if !host.contains(['"', '\\']) {
+            element.push(format!("host=\"{host}\""));
+        }
+    }
+    if element.is_empty() {
+        return;
+    }
+    let element = element.join(";");
+    let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        Some(earlier) if !earlier.trim().is_empty() => format!("{earlier}, {element}"),
+        _ => element,
+    };
+    if let Ok(value) = HeaderValue::try_from(value) {
+        headers.insert(header::FORWARDED, value);
     }
 }
 
@@ -153,6 +202,8 @@ impl Upstream {
         let original_host = parts.headers.get(header::HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
+        let peer = parts.extensions.get::<Peer>().copied();
+        add_forwarding(&mut parts.headers, peer, original_host.as_ref());
         if let Some(host) = original_host {
             parts.headers.insert("x-forwarded-host", host);
         }

@@ -424,6 +424,35 @@ async fn hop_by_hop_headers_are_not_forwarded<St: Store>(store: St) {
     assert_eq!(seen[0].get("authorization").unwrap(), ALICE);
 }
 
+/// The upstream learns who called and how: the client's address appended to what earlier
+/// proxies said, the scheme, and RFC 7239's `Forwarded`.
+async fn the_upstream_is_told_who_called<St: Store>(store: St) {
+    let proxy = start_proxy(store, |_| {}).await;
+    let host = proxy.url.trim_start_matches("http://").to_owned();
+    send(proxy.post("/charges", ALICE, Some("fwd-key-0000001"), BODY)).await;
+    send(
+        proxy
+            .post("/charges", ALICE, Some("fwd-key-0000002"), BODY)
+            .header("x-forwarded-for", "203.0.113.7")
+            .header("forwarded", "for=203.0.113.7;proto=https"),
+    )
+    .await;
+    let seen = proxy.upstream.headers_seen.lock().await;
+    let header = |i: usize, name: &str| seen[i].get(name).unwrap().to_str().unwrap().to_owned();
+    assert_eq!(header(0, "x-forwarded-for"), "127.0.0.1");
+    assert_eq!(header(0, "x-forwarded-proto"), "http");
+    assert_eq!(header(0, "x-forwarded-host"), host);
+    assert_eq!(
+        header(0, "forwarded"),
+        format!("for=127.0.0.1;proto=http;host=\"{host}\"")
+    );
+    assert_eq!(header(1, "x-forwarded-for"), "203.0.113.7, 127.0.0.1");
+    assert_eq!(
+        header(1, "forwarded"),
+        format!("for=203.0.113.7;proto=https, for=127.0.0.1;proto=http;host=\"{host}\"")
+    );
+}
+
 async fn a_timeout_keeps_the_key_until_its_lease_ends_then_retries_upstream<St: Store>(store: St) {
     let proxy = start_proxy(store, |c| c.upstream_timeout = Duration::from_millis(200)).await;
     let timed_out = send(proxy.post("/slow", ALICE, Some("timeout-key-001"), BODY)).await;
@@ -472,6 +501,7 @@ macro_rules! proxy_tests {
                 a_5xx_is_stored_and_replayed_by_default,
                 the_key_is_forwarded_as_sent_or_derived,
                 hop_by_hop_headers_are_not_forwarded,
+                the_upstream_is_told_who_called,
                 a_timeout_keeps_the_key_until_its_lease_ends_then_retries_upstream,
                 require_auth_refuses_requests_without_a_credential,
             );
