@@ -378,3 +378,61 @@ async fn a_request_head_that_never_completes_is_closed() {
     }
     assert_eq!((server.keys().await, server.payments().await), (0, 0));
 }
+
+/// A client that writes its whole oversized body before it reads (as Python's `http.client`
+/// does) still reads the `413`: the server drains the body instead of closing on it, which
+/// would reset the connection under the client's writes. Declared and chunked, 2, 8 and
+/// 64 MiB, on one connection each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_written_in_full_still_reads_the_413() {
+    let server = TestServer::start().await;
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    for mib in [2usize, 8, 64] {
+        for chunked in [false, true] {
+            let what = format!("{mib} MiB, chunked: {chunked}");
+            let body = vec![b'x'; mib << 20];
+            let framing = if chunked {
+                "Transfer-Encoding: chunked".to_owned()
+            } else {
+                format!("Content-Length: {}", body.len())
+            };
+            let head = format!(
+                "POST /payments HTTP/1.1\r\nHost: idem.test\r\nAuthorization: Bearer {ALICE}\r\n\
+                 Idempotency-Key: \"oversized-key-{mib}-{chunked}\"\r\n\
+                 Content-Type: application/json\r\n{framing}\r\n\r\n"
+            );
+            let stream = TcpStream::connect(&addr).await.unwrap();
+            let (mut reader, mut writer) = stream.into_split();
+            let written = tokio::spawn(async move {
+                writer.write_all(head.as_bytes()).await?;
+                if chunked {
+                    for chunk in body.chunks(1 << 16) {
+                        writer
+                            .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                            .await?;
+                        writer.write_all(chunk).await?;
+                        writer.write_all(b"\r\n").await?;
+                    }
+                    writer.write_all(b"0\r\n\r\n").await?;
+                } else {
+                    writer.write_all(&body).await?;
+                }
+                std::io::Result::Ok(writer)
+            });
+            // Everything is written before anything is read, as the client above does.
+            let _writer = tokio::time::timeout(ANSWER_WITHIN, written)
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the body was not taken in time"))
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{what}: writing the body failed: {e}"));
+            let mut head = vec![0; 12];
+            tokio::time::timeout(ANSWER_WITHIN, reader.read_exact(&mut head))
+                .await
+                .unwrap_or_else(|_| panic!("{what}: no answer"))
+                .unwrap_or_else(|e| panic!("{what}: reading the answer failed: {e}"));
+            assert_eq!(&head, b"HTTP/1.1 413", "{what}");
+        }
+    }
+    assert_eq!((server.keys().await, server.payments().await), (0, 0));
+    server.stop().await;
+}

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use bytes::Buf;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use idem_core::{
     AccountId, Clock, Decision, Fingerprint, IdempotencyKey, KeyError, Policy, RequestParts, Scope,
     SystemClock, Timestamp, decide,
@@ -356,19 +357,43 @@ where
             policy.body_limit
         ))
     };
-    // Refuse an over-long body before reading any of it when its length is declared.
+    // Refuse an over-long body before reading any of it when its length is declared. A client
+    // that waits for `100 Continue` sends nothing more; one that does not is already sending,
+    // so its body is drained (within bounds) for it to read the answer.
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|len| len > policy.body_limit as u64) {
+        let expects_continue = parts
+            .headers
+            .get(http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if !expects_continue && declared.is_some_and(|len| len <= DRAIN_LIMIT) {
+            drain(body, policy.body_timeout).await;
+        }
         return Err(too_large());
     }
-    let collected = tokio::time::timeout(
-        policy.body_timeout,
-        Limited::new(body, policy.body_limit).collect(),
-    )
+    let mut body = std::pin::pin!(body);
+    let collected = tokio::time::timeout(policy.body_timeout, async {
+        let mut buffer = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(mut data) = frame.map_err(Into::into)?.into_data() else {
+                continue; // trailers: not part of what is fingerprinted
+            };
+            if buffer.len() + data.remaining() > policy.body_limit {
+                return Ok(None);
+            }
+            while data.has_remaining() {
+                let chunk = data.chunk();
+                let n = chunk.len();
+                buffer.extend_from_slice(chunk);
+                data.advance(n);
+            }
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Some(Bytes::from(buffer)))
+    })
     .await
     .map_err(|_| {
         Refusal::BodyTimeout.refuse(format!(
@@ -377,12 +402,39 @@ where
         ))
     })?;
     match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Some(collected)) => Ok(collected),
+        Ok(None) => {
+            drain(body, policy.body_timeout).await;
+            Err(too_large())
+        }
         Err(e) => {
             Err(Refusal::MalformedBody.refuse(format!("the request body could not be read: {e}")))
         }
     }
+}
+
+/// The most of an oversized body [`drain`] reads: past it, the connection is closed on the
+/// client, which may then see a reset instead of the `413`.
+const DRAIN_LIMIT: u64 = 128 << 20;
+
+/// Reads and drops the rest of an oversized body, up to [`DRAIN_LIMIT`] bytes and `within`,
+/// so a client that writes its whole body before reading (Python's `http.client`, many SDKs)
+/// reads the `413` rather than a connection reset under its writes: what nginx's lingering
+/// close does. A body past either bound is left, and hyper closes the connection.
+async fn drain<ReqBody: Body>(body: ReqBody, within: Duration) {
+    let mut body = std::pin::pin!(body);
+    let _ = tokio::time::timeout(within, async {
+        let mut drained = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                drained += data.remaining() as u64;
+                if drained > DRAIN_LIMIT {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
 }
 
 /// The request's fingerprint (docs/contract.md §2.4).
