@@ -44,6 +44,10 @@ pub struct ProxyArgs {
     /// The request header that identifies the caller.
     #[arg(long, default_value = "authorization")]
     pub credential_header: HeaderName,
+    /// A header that, with the credential, makes the scope, such as `Stripe-Account` for a
+    /// platform that calls for many accounts with one key; repeatable, all HMACed together.
+    #[arg(long = "scope-header", value_name = "NAME")]
+    pub scope_headers: Vec<HeaderName>,
     /// Refuse requests without the credential header with 401 (default: they share one
     /// anonymous scope).
     #[arg(long)]
@@ -101,6 +105,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     };
     let mut config = GatewayConfig::new(args.upstream.clone(), secret)?;
     config.credential_header = args.credential_header.clone();
+    config.scope_headers = args.scope_headers.clone();
     config.require_auth = args.require_auth;
     config.policy.require_key = !args.key_optional;
     config.policy.retention = Duration::from_secs(args.retention_secs);

@@ -81,6 +81,10 @@ pub struct GatewayConfig {
     pub secret: Secret,
     /// The header whose value identifies the caller (default `Authorization`).
     pub credential_header: HeaderName,
+    /// More headers that, with the credential, make the scope (all HMACed together), such as
+    /// `Stripe-Account`: a platform that calls for many accounts with one API key gets a
+    /// scope per account, so one account's response is never replayed to another.
+    pub scope_headers: Vec<HeaderName>,
     /// Refuse requests without a credential with `401` (default: they share one anonymous
     /// scope).
     pub require_auth: bool,
@@ -116,6 +120,7 @@ impl GatewayConfig {
             upstream,
             secret,
             credential_header: header::AUTHORIZATION,
+            scope_headers: Vec::new(),
             require_auth: false,
             policy: Policy::default(),
             forwarding: KeyForwarding::AsSent,
@@ -144,6 +149,7 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
 
     let secret = config.secret.clone();
     let credential = config.credential_header.clone();
+    let scope_headers = config.scope_headers.clone();
     // A claim outlasts its longest upstream call, so a crashed gateway's key is not taken over
     // (and the request forwarded again) while the upstream may still be working on it.
     let policy = Policy {
@@ -157,14 +163,7 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
         .with_policy(policy)
         .with_policy_link(POLICY_PATH)
         .with_clock(config.clock.clone())
-        .with_account(move |parts| match parts.headers.get(&credential) {
-            // The credential itself is never stored: only its HMAC under the server secret.
-            Some(value) => AccountId::new(format!(
-                "hmac:{}",
-                &secret.hmac_hex(&[b"idem-scope", value.as_bytes()])[..32]
-            )),
-            None => AccountId::new("anonymous"),
-        });
+        .with_account(move |parts| scope_of(&secret, &credential, &scope_headers, parts));
     let published = Arc::new(config.policy.published("lease"));
     let auth = Arc::new((config.credential_header.clone(), config.require_auth));
     Router::new()
@@ -184,6 +183,36 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
             auth,
             require_credential,
         ))
+}
+
+/// The account a request is scoped to: the HMAC of its credential and its scope headers under
+/// the server secret, so neither is ever stored. With no scope headers configured the HMAC is
+/// the credential's alone, as before they existed, so records made then still match.
+fn scope_of(
+    secret: &Secret,
+    credential: &HeaderName,
+    scope_headers: &[HeaderName],
+    parts: &http::request::Parts,
+) -> AccountId {
+    // Each scope header as its name and, so that absent and empty differ, a marker byte
+    // before its value.
+    let mut extra: Vec<Vec<u8>> = Vec::with_capacity(2 * scope_headers.len());
+    for name in scope_headers {
+        extra.push(name.as_str().as_bytes().to_vec());
+        extra.push(match parts.headers.get(name) {
+            Some(value) => [&[1u8][..], value.as_bytes()].concat(),
+            None => vec![0],
+        });
+    }
+    let any_scope_value = scope_headers.iter().any(|h| parts.headers.contains_key(h));
+    let mut hashed: Vec<&[u8]> = Vec::with_capacity(2 + extra.len());
+    match parts.headers.get(credential) {
+        Some(value) => hashed.extend([&b"idem-scope"[..], value.as_bytes()]),
+        None if !any_scope_value => return AccountId::new("anonymous"),
+        None => hashed.push(b"idem-scope-anonymous"),
+    }
+    hashed.extend(extra.iter().map(Vec::as_slice));
+    AccountId::new(format!("hmac:{}", &secret.hmac_hex(&hashed)[..32]))
 }
 
 async fn require_credential(

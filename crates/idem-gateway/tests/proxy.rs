@@ -284,6 +284,34 @@ async fn another_credential_is_a_new_request<St: Store>(store: St) {
     assert_eq!(proxy.charges(), 2);
 }
 
+/// A platform calls for two connected accounts with one API key and a `Stripe-Account` header
+/// each. With `Stripe-Account` as a scope header, the same key and body from the two accounts
+/// are two charges; the same account again is a replay. Without it, the second account would
+/// be replayed the first one's charge, which is what the option exists to prevent.
+async fn scope_headers_keep_connected_accounts_apart<St: Store>(store: St) {
+    let proxy = start_proxy(store, |c| {
+        c.scope_headers = vec![http::HeaderName::from_static("stripe-account")]
+    })
+    .await;
+    let as_account = |account: &str| {
+        proxy
+            .post("/charges", ALICE, Some("connect-key-0001"), BODY)
+            .header("stripe-account", account)
+    };
+    let one = send(as_account("acct_one")).await;
+    let two = send(as_account("acct_two")).await;
+    assert_eq!((one.status, two.status), (201, 201));
+    assert!(!two.replayed(), "another connected account is not a replay");
+    assert_ne!(one.body, two.body);
+    let again = send(as_account("acct_one")).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, one.body);
+    // No Stripe-Account at all is a scope of its own too.
+    let platform = send(proxy.post("/charges", ALICE, Some("connect-key-0001"), BODY)).await;
+    assert!(!platform.replayed());
+    assert_eq!(proxy.charges(), 3);
+}
+
 async fn gets_pass_through_and_a_key_on_get_is_ignored<St: Store>(store: St) {
     let proxy = start_proxy(store, |_| {}).await;
     for _ in 0..2 {
@@ -492,6 +520,7 @@ macro_rules! proxy_tests {
                 a_hundred_keys_times_four_shuffled_copies_make_a_hundred_charges,
                 a_changed_body_is_422_and_the_original_still_replays,
                 another_credential_is_a_new_request,
+                scope_headers_keep_connected_accounts_apart,
                 gets_pass_through_and_a_key_on_get_is_ignored,
                 a_missing_key_is_400_and_the_upstream_never_sees_it,
                 keys_optional_passes_keyless_requests_through,
