@@ -48,6 +48,10 @@ pub struct ProxyArgs {
     /// platform that calls for many accounts with one key; repeatable, all HMACed together.
     #[arg(long = "scope-header", value_name = "NAME")]
     pub scope_headers: Vec<HeaderName>,
+    /// An upstream response header stored and replayed beside Content-Type and Location, such
+    /// as `Request-Id`; repeatable.
+    #[arg(long = "store-header", value_name = "NAME")]
+    pub store_headers: Vec<HeaderName>,
     /// Refuse requests without the credential header with 401 (default: they share one
     /// anonymous scope).
     #[arg(long)]
@@ -106,6 +110,11 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let mut config = GatewayConfig::new(args.upstream.clone(), secret)?;
     config.credential_header = args.credential_header.clone();
     config.scope_headers = args.scope_headers.clone();
+    config.policy.stored_headers = args
+        .store_headers
+        .iter()
+        .map(|name| name.as_str().to_owned())
+        .collect();
     config.require_auth = args.require_auth;
     config.policy.require_key = !args.key_optional;
     config.policy.retention = Duration::from_secs(args.retention_secs);

@@ -48,7 +48,14 @@ fn start_proxy(
 async fn start_upstream() -> String {
     let app = axum::Router::new().route(
         "/orders",
-        axum::routing::post(|| async { (axum::http::StatusCode::CREATED, "order-1") }),
+        axum::routing::post(|| async {
+            let id = uuid::Uuid::new_v4().to_string();
+            (
+                axum::http::StatusCode::CREATED,
+                [("request-id", id)],
+                "order-1",
+            )
+        }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -101,6 +108,41 @@ async fn the_proxy_answers_health_and_metrics_and_replays() {
         std::fs::metadata(secret).unwrap().permissions().mode() & 0o777,
         0o600
     );
+}
+
+/// `--store-header request-id`: a replay carries the upstream's `Request-Id` (an SDK shows it
+/// in its errors and logs); without the flag the replay has none.
+#[tokio::test]
+async fn a_stored_header_is_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = start_upstream().await;
+    let client = reqwest::Client::new();
+    for (flags, kept) in [
+        (&["--store-header", "request-id"][..], true),
+        (&[][..], false),
+    ] {
+        let sub = dir.path().join(if kept { "kept" } else { "plain" });
+        std::fs::create_dir(&sub).unwrap();
+        let (_proxy, url, _log) = start_proxy(&sub, &upstream, flags);
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let answer = client
+                .post(format!("{url}/orders"))
+                .header("authorization", "Bearer t1")
+                .header("idempotency-key", "order-key-0002")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 201);
+            ids.push(answer.headers().get("request-id").cloned());
+        }
+        assert!(ids[0].is_some(), "the first answer is the upstream's own");
+        if kept {
+            assert_eq!(ids[1], ids[0], "the replay carries the stored Request-Id");
+        } else {
+            assert_eq!(ids[1], None, "not stored, not replayed");
+        }
+    }
 }
 
 #[tokio::test]
