@@ -48,6 +48,10 @@ pub struct ProxyArgs {
     /// platform that calls for many accounts with one key; repeatable, all HMACed together.
     #[arg(long = "scope-header", value_name = "NAME")]
     pub scope_headers: Vec<HeaderName>,
+    /// How idem's own 4xx bodies are written: `problem` (RFC 9457) or `stripe` (problem details
+    /// plus Stripe's `error` member, so Stripe's SDKs raise on them).
+    #[arg(long, default_value = "problem", value_parser = parse_errors)]
+    pub errors: idem_core::ErrorDialect,
     /// An upstream response header stored and replayed beside Content-Type and Location, such
     /// as `Request-Id`; repeatable.
     #[arg(long = "store-header", value_name = "NAME")]
@@ -83,6 +87,14 @@ pub struct ProxyArgs {
     pub retention_secs: u64,
 }
 
+fn parse_errors(s: &str) -> Result<idem_core::ErrorDialect, String> {
+    match s {
+        "problem" => Ok(idem_core::ErrorDialect::Problem),
+        "stripe" => Ok(idem_core::ErrorDialect::Stripe),
+        other => Err(format!("expected problem or stripe, not {other:?}")),
+    }
+}
+
 fn parse_forwarding(s: &str) -> Result<KeyForwarding, String> {
     match s {
         "as-sent" => Ok(KeyForwarding::AsSent),
@@ -110,6 +122,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     let mut config = GatewayConfig::new(args.upstream.clone(), secret)?;
     config.credential_header = args.credential_header.clone();
     config.scope_headers = args.scope_headers.clone();
+    config.errors = args.errors;
     config.policy.stored_headers = args
         .store_headers
         .iter()

@@ -53,7 +53,7 @@ pub use error_chain::ErrorChain;
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, KeyLimits};
 pub use policy::{Policy, PublishedPolicy};
-pub use problem::{Problem, ProblemKind};
+pub use problem::{ErrorDialect, Problem, ProblemKind};
 pub use record::{Decision, FencingToken, Record, RecordState, StoredResponse, decide};
 pub use scope::{AccountId, Scope};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

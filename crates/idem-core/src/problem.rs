@@ -133,11 +133,66 @@ impl Problem {
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a Problem always serialises")
     }
+
+    /// The body in `dialect`: the problem document, and for [`ErrorDialect::Stripe`] an
+    /// `error` member after it (`{"type": "idempotency_error", "message": detail}`), which is
+    /// what Stripe's SDKs look for before they raise; without it they hand the body to the
+    /// application as if it were the resource.
+    pub fn to_json_in(&self, dialect: ErrorDialect) -> Vec<u8> {
+        match dialect {
+            ErrorDialect::Problem => self.to_json(),
+            ErrorDialect::Stripe => {
+                #[derive(Serialize)]
+                struct StripeError<'a> {
+                    #[serde(rename = "type")]
+                    kind: &'static str,
+                    message: &'a str,
+                }
+                #[derive(Serialize)]
+                struct WithStripeError<'a> {
+                    #[serde(flatten)]
+                    problem: &'a Problem,
+                    error: StripeError<'a>,
+                }
+                serde_json::to_vec(&WithStripeError {
+                    problem: self,
+                    error: StripeError {
+                        kind: "idempotency_error",
+                        message: &self.detail,
+                    },
+                })
+                .expect("a Problem always serialises")
+            }
+        }
+    }
+}
+
+/// How a problem body is written for clients (docs/contract.md §10).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorDialect {
+    /// RFC 9457 problem details alone (the default).
+    #[default]
+    Problem,
+    /// Problem details plus Stripe's `error` member, so Stripe's own SDKs raise.
+    Stripe,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stripe_dialect_adds_an_error_member_after_the_problem() {
+        let problem = ProblemKind::Mismatch.with_detail("changed");
+        let body: serde_json::Value =
+            serde_json::from_slice(&problem.to_json_in(ErrorDialect::Stripe)).unwrap();
+        assert_eq!(body["type"], "urn:idem:problem:mismatch");
+        assert_eq!(body["status"], 422);
+        assert_eq!(body["error"]["type"], "idempotency_error");
+        assert_eq!(body["error"]["message"], "changed");
+        assert_eq!(problem.to_json_in(ErrorDialect::Problem), problem.to_json());
+    }
 
     #[test]
     fn every_problem_body_has_its_members_in_one_order() {

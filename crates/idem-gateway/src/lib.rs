@@ -34,7 +34,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode, Uri, header};
-use idem_core::{AccountId, Clock, Policy, SystemClock};
+use idem_core::{AccountId, Clock, ErrorDialect, Policy, SystemClock};
 use idem_store::Store;
 use idem_tower::{IdempotencyLayer, Outcome};
 use tokio::net::TcpListener;
@@ -105,6 +105,9 @@ pub struct GatewayConfig {
     /// How the upstream's certificate is checked when it is `https://` (default: the
     /// platform's roots).
     pub upstream_tls: ClientTls,
+    /// How idem's own problem bodies are written: [`ErrorDialect::Stripe`] adds the `error`
+    /// member Stripe's SDKs need to raise on a `409` or `422` (default: problem details only).
+    pub errors: ErrorDialect,
     /// Serve clients over TLS with this certificate (HTTP/2 and HTTP/1.1 over ALPN) instead of
     /// plain HTTP/1.1 (default).
     pub tls: Option<ServerTls>,
@@ -130,6 +133,7 @@ impl GatewayConfig {
             head_timeout: server::HEAD_TIMEOUT,
             upstream_tls: ClientTls::platform()?,
             tls: None,
+            errors: ErrorDialect::Problem,
             clock: Arc::new(SystemClock),
         })
     }
@@ -162,6 +166,7 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
     let idempotency = IdempotencyLayer::leased(store)
         .with_policy(policy)
         .with_policy_link(POLICY_PATH)
+        .with_error_dialect(config.errors)
         .with_clock(config.clock.clone())
         .with_account(move |parts| scope_of(&secret, &credential, &scope_headers, parts));
     let published = Arc::new(config.policy.published("lease"));

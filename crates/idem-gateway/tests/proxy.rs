@@ -253,6 +253,34 @@ async fn a_hundred_keys_times_four_shuffled_copies_make_a_hundred_charges<St: St
     assert_eq!(proxy.charges(), 100);
 }
 
+/// `errors = stripe`: idem's own 4xx carry Stripe's `error` member beside the problem, so a
+/// Stripe SDK raises instead of returning the body as the charge; the upstream's own answers
+/// and their replays are untouched.
+async fn the_stripe_dialect_adds_an_error_member_to_idem_refusals<St: Store>(store: St) {
+    let proxy = start_proxy(store, |c| c.errors = idem_core::ErrorDialect::Stripe).await;
+    let json =
+        |answer: &Answer| -> serde_json::Value { serde_json::from_str(&answer.body).unwrap() };
+    let first = send(proxy.post("/charges", ALICE, Some("stripe-key-0001"), BODY)).await;
+    assert_eq!(first.status, 201);
+    assert!(
+        json(&first).get("error").is_none(),
+        "the upstream's answer as it was"
+    );
+    let changed = r#"{"amount": 2000, "currency": "EUR"}"#;
+    let mismatch = send(proxy.post("/charges", ALICE, Some("stripe-key-0001"), changed)).await;
+    let missing = send(proxy.post("/charges", ALICE, None, BODY)).await;
+    for (answer, status, kind) in [(&mismatch, 422, "mismatch"), (&missing, 400, "missing-key")] {
+        let body = json(answer);
+        assert_eq!(answer.status, status);
+        assert_eq!(body["type"], format!("urn:idem:problem:{kind}"));
+        assert_eq!(body["error"]["type"], "idempotency_error");
+        assert_eq!(body["error"]["message"], body["detail"]);
+    }
+    let again = send(proxy.post("/charges", ALICE, Some("stripe-key-0001"), BODY)).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+}
+
 async fn a_changed_body_is_422_and_the_original_still_replays<St: Store>(store: St) {
     let proxy = start_proxy(store, |_| {}).await;
     let first = send(proxy.post("/charges", ALICE, Some("mismatch-key-01"), BODY)).await;
@@ -519,6 +547,7 @@ macro_rules! proxy_tests {
                 twenty_concurrent_copies_make_one_upstream_charge,
                 a_hundred_keys_times_four_shuffled_copies_make_a_hundred_charges,
                 a_changed_body_is_422_and_the_original_still_replays,
+                the_stripe_dialect_adds_an_error_member_to_idem_refusals,
                 another_credential_is_a_new_request,
                 scope_headers_keep_connected_accounts_apart,
                 gets_pass_through_and_a_key_on_get_is_ignored,

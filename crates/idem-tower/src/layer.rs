@@ -15,8 +15,8 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use idem_core::{
-    AccountId, Clock, Decision, Fingerprint, IdempotencyKey, KeyError, Policy, RequestParts, Scope,
-    SystemClock, Timestamp, decide,
+    AccountId, Clock, Decision, ErrorDialect, Fingerprint, IdempotencyKey, KeyError, Policy,
+    RequestParts, Scope, SystemClock, Timestamp, decide,
 };
 use idem_store::{Store, TransactionalStore};
 use tower::{Layer, Service};
@@ -43,6 +43,8 @@ pub struct IdempotencyLayer<M> {
     replay_read: bool,
     /// `Link: <URL>; rel="describedby"` for the layer's own 400, 409 and 422.
     policy_link: Option<http::HeaderValue>,
+    /// How the layer's own problem bodies are written.
+    errors: ErrorDialect,
 }
 
 impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
@@ -53,6 +55,7 @@ impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
             .field("clock", &self.clock)
             .field("replay_read", &self.replay_read)
             .field("policy_link", &self.policy_link)
+            .field("errors", &self.errors)
             .finish_non_exhaustive()
     }
 }
@@ -66,7 +69,16 @@ impl<M: Mode> IdempotencyLayer<M> {
             account: Arc::new(account_from_extensions),
             replay_read: true,
             policy_link: None,
+            errors: ErrorDialect::Problem,
         }
+    }
+
+    /// Writes the layer's own problem bodies in `dialect`: [`ErrorDialect::Stripe`] adds the
+    /// `error` member Stripe's SDKs look for, so they raise on a `409` or `422` from idem
+    /// instead of returning its body as the result.
+    pub fn with_error_dialect(mut self, dialect: ErrorDialect) -> Self {
+        self.errors = dialect;
+        self
     }
 
     /// Points the layer's own `400`, `409` and `422` answers at the published rules with
@@ -227,13 +239,18 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         ResponseFuture::guarded(Box::pin(async move {
-            let link = layer.policy_link.clone();
+            let (link, errors) = (layer.policy_link.clone(), layer.errors);
             let mut response = guard(layer, inner, request).await?;
+            let Some(Refused(problem)) = response.extensions().get::<Refused>().cloned() else {
+                return Ok(response);
+            };
             if let Some(link) = link
-                && response.extensions().get::<Refused>().is_some()
                 && matches!(response.status().as_u16(), 400 | 409 | 422)
             {
                 response.headers_mut().append(http::header::LINK, link);
+            }
+            if errors != ErrorDialect::Problem {
+                *response.body_mut() = ResBody::from(Bytes::from(problem.to_json_in(errors)));
             }
             Ok(response)
         }))

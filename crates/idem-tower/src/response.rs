@@ -1,6 +1,7 @@
 //! Responses the layer makes itself: refusals and replays, and the one function that turns a
 //! decision into its answer.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -97,8 +98,11 @@ impl Refusal {
     /// themselves (a panic, a response that could not be read), which are logged as errors
     /// rather than counted as a request's outcome.
     pub(crate) fn response<B: From<Bytes>>(self, detail: impl Into<String>) -> Response<B> {
-        let mut response = problem(self.kind(), detail);
-        response.extensions_mut().insert(Refused);
+        let detail = detail.into();
+        let mut response = problem(self.kind(), detail.clone());
+        response
+            .extensions_mut()
+            .insert(Refused(Arc::new(self.kind().with_detail(detail))));
         if let Some(after) = self.retry_after() {
             response
                 .headers_mut()
@@ -110,8 +114,9 @@ impl Refusal {
 
 /// Marks a response as the layer's own refusal, not the handler's answer nor a replay, so the
 /// layer can add what only its refusals carry (the policy `Link`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Refused;
+/// It carries the problem, for the layer to write again in another dialect.
+#[derive(Debug, Clone)]
+pub(crate) struct Refused(pub(crate) Arc<idem_core::Problem>);
 
 /// A problem-details response of `kind`, with no `Retry-After`.
 pub(crate) fn problem<B: From<Bytes>>(kind: ProblemKind, detail: impl Into<String>) -> Response<B> {
