@@ -42,6 +42,9 @@ mod canonical_json;
 mod error_chain;
 mod fingerprint;
 mod key;
+#[cfg(any(test, feature = "key-reference"))]
+#[doc(hidden)]
+pub mod key_reference;
 mod policy;
 mod problem;
 mod record;
