@@ -76,7 +76,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // rustls' platform verifier logs every certificate it rejects as an ERROR of its own;
+        // idem's error for that connection already names the host and the reason.
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,rustls_platform_verifier=off")
+        });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

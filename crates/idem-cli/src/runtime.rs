@@ -56,7 +56,7 @@ pub(crate) async fn export_metrics(addr: SocketAddr) -> anyhow::Result<()> {
         "/metrics",
         axum::routing::get(move || {
             let metrics = metrics.clone();
-            async move { metrics.render() }
+            async move { metrics_response(&metrics) }
         }),
     );
     tokio::spawn(async move { axum::serve(listener, router).await });

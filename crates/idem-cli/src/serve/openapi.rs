@@ -487,13 +487,23 @@ fn covered_post(
                 "The key is missing or malformed, the body cannot be fingerprinted, or the request is invalid. Nothing was stored: fix the request and retry with the same key.",
                 &["MissingKeyProblem", "MalformedKeyProblem", "MalformedBodyProblem", "ValidationProblem"],
                 false,
-            ),
+            )
+            .header("Link", policy_link()),
         )
         .response("401", unauthorized())
         .response("408", problem_response("The body did not arrive in time.", &["BodyTimeoutProblem"], false))
-        .response("409", retry_required("The key's original request is still running or being reconciled.", conflict))
+        .response(
+            "409",
+            problem_response("The key's original request is still running or being reconciled.", conflict, true)
+                .header("Link", policy_link())
+                .build(),
+        )
         .response("413", problem_response("The body is over the limit.", &["BodyTooLargeProblem"], false))
-        .response("422", problem_response("The key was used for a different request.", &["MismatchProblem"], false))
+        .response(
+            "422",
+            problem_response("The key was used for a different request.", &["MismatchProblem"], false)
+                .header("Link", policy_link()),
+        )
         .response("503", retry_required("The database is unavailable; nothing was done.", &["StoreUnavailableProblem"]));
     for (status, response) in extra {
         responses = responses.response(*status, response.clone());
@@ -540,6 +550,18 @@ fn problem_response(description: &str, schemas: &[&str], retry: bool) -> Respons
     } else {
         response
     }
+}
+
+/// `Link: </idempotency-policy>; rel="describedby"`, on the idempotency layer's own refusals
+/// (not on the service's validation 400).
+fn policy_link() -> utoipa::openapi::Header {
+    HeaderBuilder::new()
+        .schema(Some(string()))
+        .description(Some(
+            "On the idempotency layer's own refusals: `</idempotency-policy>; rel=\"describedby\"`, where the rules are published.",
+        ))
+        .extensions(Some(Extensions::from_iter([("required", false)])))
+        .build()
 }
 
 fn retry_after(required: bool) -> utoipa::openapi::Header {
