@@ -163,13 +163,13 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
             .max(config.upstream_timeout),
         ..config.policy.clone()
     };
+    let published = Arc::new(published_policy(&policy, &config));
     let idempotency = IdempotencyLayer::leased(store)
         .with_policy(policy)
         .with_policy_link(POLICY_PATH)
         .with_error_dialect(config.errors)
         .with_clock(config.clock.clone())
         .with_account(move |parts| scope_of(&secret, &credential, &scope_headers, parts));
-    let published = Arc::new(config.policy.published("lease"));
     let auth = Arc::new((config.credential_header.clone(), config.require_auth));
     Router::new()
         .route(
@@ -188,6 +188,24 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
             auth,
             require_credential,
         ))
+}
+
+/// The rules the gateway publishes: the policy's, and how long a claim is held (the lease plus
+/// the upstream's timeout) and what a timed-out key does, which a client needs to know when to
+/// retry.
+fn published_policy(policy: &Policy, config: &GatewayConfig) -> serde_json::Value {
+    let mut published =
+        serde_json::to_value(policy.published("lease")).expect("the policy serialises");
+    published["lease_seconds"] = policy.lease.as_secs().into();
+    published["upstream_timeout_seconds"] = config.upstream_timeout.as_secs().into();
+    published["claim_held_seconds"] = policy.lease_hold().as_secs().into();
+    published["after_upstream_timeout"] = match config.on_timeout {
+        UnknownOutcome::Keep => "504; the key stays in progress until its claim ends, then the next retry is sent upstream",
+        UnknownOutcome::Store => "504, stored and replayed to every retry",
+        UnknownOutcome::Release => "504; the next retry is sent upstream at once",
+    }
+    .into();
+    published
 }
 
 /// The account a request is scoped to: the HMAC of its credential and its scope headers under

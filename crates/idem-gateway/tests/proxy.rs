@@ -340,6 +340,37 @@ async fn scope_headers_keep_connected_accounts_apart<St: Store>(store: St) {
     assert_eq!(proxy.charges(), 3);
 }
 
+/// The published rules say how long a claim is held: the lease plus the upstream's timeout.
+async fn the_published_policy_says_how_long_a_claim_is_held<St: Store>(store: St) {
+    let proxy = start_proxy(store, |c| {
+        c.policy.lease = Duration::from_secs(20);
+        c.upstream_timeout = Duration::from_secs(7);
+    })
+    .await;
+    let answer = send(
+        proxy
+            .client
+            .get(format!("{}/.well-known/idempotency-policy", proxy.url)),
+    )
+    .await;
+    assert_eq!(answer.status, 200);
+    let policy: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(policy["lease_seconds"], 20);
+    assert_eq!(policy["upstream_timeout_seconds"], 7);
+    assert_eq!(policy["claim_held_seconds"], 27);
+    assert!(
+        policy["after_upstream_timeout"]
+            .as_str()
+            .unwrap()
+            .starts_with("504")
+    );
+    assert_eq!(
+        proxy.charges(),
+        0,
+        "the policy is the gateway's own, not the upstream's"
+    );
+}
+
 async fn gets_pass_through_and_a_key_on_get_is_ignored<St: Store>(store: St) {
     let proxy = start_proxy(store, |_| {}).await;
     for _ in 0..2 {
@@ -550,6 +581,7 @@ macro_rules! proxy_tests {
                 the_stripe_dialect_adds_an_error_member_to_idem_refusals,
                 another_credential_is_a_new_request,
                 scope_headers_keep_connected_accounts_apart,
+                the_published_policy_says_how_long_a_claim_is_held,
                 gets_pass_through_and_a_key_on_get_is_ignored,
                 a_missing_key_is_400_and_the_upstream_never_sees_it,
                 keys_optional_passes_keyless_requests_through,
