@@ -420,10 +420,18 @@ async fn an_unreachable_store_is_503_with_retry_after_and_nothing_is_processed()
         .await
         .unwrap();
 
-    let answer = send(server.post(ALICE, Some("outage-key-0001"), BODY)).await;
-    assert_eq!(answer.status, 503);
-    assert_eq!(answer.problem_type(), "urn:idem:problem:store-unavailable");
-    assert!(answer.headers.get("retry-after").is_some());
+    // Three requests at once, three keys: each waits on the locked database (one busy_timeout
+    // after another at the single writer), never on another key, so each is a 503, the last
+    // one too, though its wait outlasts the in-flight wait.
+    let keys = ["outage-key-0001", "outage-key-0002", "outage-key-0003"];
+    let answers =
+        futures_util::future::join_all(keys.map(|key| send(server.post(ALICE, Some(key), BODY))))
+            .await;
+    for (key, answer) in keys.iter().zip(&answers) {
+        assert_eq!(answer.status, 503, "{key}");
+        assert_eq!(answer.problem_type(), "urn:idem:problem:store-unavailable");
+        assert!(answer.headers.get("retry-after").is_some());
+    }
 
     sqlx::query("ROLLBACK").execute(&mut *lock).await.unwrap();
     drop(lock);

@@ -15,6 +15,7 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
@@ -68,6 +69,10 @@ struct Returned {
 #[derive(Debug, Clone)]
 pub(super) struct GroupCommitter {
     turns: mpsc::UnboundedSender<Turn>,
+    /// Whether the committer is still getting the writer for its next group (the pool's one
+    /// connection, then `BEGIN IMMEDIATE`): a turn that waits then waits on the database, not
+    /// on another request.
+    opening: Arc<AtomicBool>,
 }
 
 impl GroupCommitter {
@@ -76,8 +81,15 @@ impl GroupCommitter {
     /// between groups).
     pub(super) fn spawn(pool: SqlitePool) -> Self {
         let (turns, waiting) = mpsc::unbounded_channel();
-        tokio::spawn(commit_groups(pool, waiting));
-        Self { turns }
+        let opening = Arc::new(AtomicBool::new(false));
+        tokio::spawn(commit_groups(pool, waiting, opening.clone()));
+        Self { turns, opening }
+    }
+
+    /// Whether the writer is held up by the database (another process's lock, the pool's
+    /// connection busy elsewhere) rather than by a group of requests.
+    pub(super) fn waiting_on_the_database(&self) -> bool {
+        self.opening.load(Ordering::Relaxed)
     }
 
     /// Waits for this request's turn at the writer, inside the current group's transaction.
@@ -89,9 +101,16 @@ impl GroupCommitter {
     }
 }
 
-async fn commit_groups(pool: SqlitePool, mut waiting: mpsc::UnboundedReceiver<Turn>) {
+async fn commit_groups(
+    pool: SqlitePool,
+    mut waiting: mpsc::UnboundedReceiver<Turn>,
+    opening: Arc<AtomicBool>,
+) {
     while let Some(first) = waiting.recv().await {
-        let mut conn = match open_group(&pool).await {
+        opening.store(true, Ordering::Relaxed);
+        let opened = open_group(&pool).await;
+        opening.store(false, Ordering::Relaxed);
+        let mut conn = match opened {
             Ok(conn) => conn,
             Err(e) => {
                 let _ = first.lend.send(Err(e));

@@ -362,6 +362,11 @@ impl TransactionalStore for SqliteStore {
         // for a turn is waiting for it.
         let mut tx = match tokio::time::timeout(wait, self.committer.turn()).await {
             Ok(tx) => tx?,
+            // Still no writer for a group: the database is held (another process's lock,
+            // busy_timeout running), which is an outage, not this key in use.
+            Err(_elapsed) if self.committer.waiting_on_the_database() => {
+                return Err(Error::Unavailable(Box::new(sqlx::Error::PoolTimedOut)));
+            }
             Err(_elapsed) => return Ok(TxClaim::Busy),
         };
         tx.savepoint = true;
