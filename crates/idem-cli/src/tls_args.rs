@@ -44,12 +44,12 @@ impl ClientTlsArgs {
     }
 }
 
-/// A reqwest client builder that checks `https://` certificates as `tls` says: reqwest's rustls
-/// with the platform's roots, plus `tls`'s private CAs.
-pub fn reqwest_builder(tls: &ClientTls) -> anyhow::Result<reqwest::ClientBuilder> {
+/// A reqwest client builder that checks `https://` certificates against reqwest's rustls
+/// with the platform's roots, plus the CAs in `ca_files` (PEM).
+pub fn reqwest_builder(ca_files: &[PathBuf]) -> anyhow::Result<reqwest::ClientBuilder> {
     let mut builder = reqwest::Client::builder();
-    for der in tls.extra_roots() {
-        let cert = reqwest::Certificate::from_der(der).context("a --ca-cert certificate")?;
+    for der in idem_gateway::tls::ca_certificates(ca_files).context("--ca-cert")? {
+        let cert = reqwest::Certificate::from_der(&der).context("a --ca-cert certificate")?;
         builder = builder.add_root_certificate(cert);
     }
     Ok(builder)

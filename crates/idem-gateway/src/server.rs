@@ -82,8 +82,11 @@ async fn accept_loop(
         match &acceptor {
             None => {
                 let peer = Peer { addr, tls };
-                let connection =
-                    graceful.watch(connection_from(stream, router, head_timeout, peer));
+                let connection = graceful.watch(http1_connection(
+                    stream,
+                    WithPeer::new(router, peer),
+                    head_timeout,
+                ));
                 tokio::spawn(async move {
                     let _ = connection.await;
                 });
@@ -97,10 +100,16 @@ async fn accept_loop(
                     };
                     let peer = Peer { addr, tls };
                     if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-                        let _ = watcher.watch(h2_connection(stream, router, peer)).await;
+                        let _ = watcher
+                            .watch(h2_connection(stream, WithPeer::new(router, peer)))
+                            .await;
                     } else {
                         let _ = watcher
-                            .watch(connection_from(stream, router, head_timeout, peer))
+                            .watch(http1_connection(
+                                stream,
+                                WithPeer::new(router, peer),
+                                head_timeout,
+                            ))
                             .await;
                     }
                 });
@@ -120,8 +129,7 @@ async fn accept_loop(
 /// keep-alive pings close a connection whose peer stops answering.
 fn h2_connection<I>(
     io: I,
-    router: Router,
-    peer: Peer,
+    service: WithPeer,
 ) -> http2::Connection<TokioIo<I>, TowerToHyperService<WithPeer>, TokioExecutor>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -131,10 +139,6 @@ where
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(HEAD_TIMEOUT))
         .keep_alive_timeout(Duration::from_secs(20));
-    let service = WithPeer {
-        router,
-        peer: Some(peer),
-    };
     builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
 }
 
@@ -151,22 +155,6 @@ where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     http1_connection(io, WithPeer { router, peer: None }, head_timeout)
-}
-
-fn connection_from<I>(
-    io: I,
-    router: Router,
-    head_timeout: Duration,
-    peer: Peer,
-) -> http1::Connection<TokioIo<I>, TowerToHyperService<WithPeer>>
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let service = WithPeer {
-        router,
-        peer: Some(peer),
-    };
-    http1_connection(io, service, head_timeout)
 }
 
 fn http1_connection<I>(
@@ -201,6 +189,15 @@ pub struct Peer {
 pub struct WithPeer {
     router: Router,
     peer: Option<Peer>,
+}
+
+impl WithPeer {
+    fn new(router: Router, peer: Peer) -> Self {
+        Self {
+            router,
+            peer: Some(peer),
+        }
+    }
 }
 
 impl<B> Service<http::Request<B>> for WithPeer

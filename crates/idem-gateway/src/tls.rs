@@ -3,8 +3,8 @@
 //! - [`ServerTls`]: a certificate chain and its key from PEM files, for `idem serve` and
 //!   `idem proxy`; it offers HTTP/2 and HTTP/1.1 over ALPN.
 //! - [`ClientTls`]: certificates checked against the platform's roots, plus private CAs from
-//!   PEM files, for the gateway's upstream; idem's reqwest clients add
-//!   [`ClientTls::extra_roots`] to reqwest's own rustls, which checks the same platform roots.
+//!   PEM files, for the gateway's upstream; idem's reqwest clients add the private CAs
+//!   ([`ca_certificates`]) to reqwest's own rustls, which checks the same platform roots.
 //!
 //! One crypto provider, aws-lc-rs, named where each config is built: ring is also in the
 //! dependency tree (through other crates), and rustls refuses to guess between two.
@@ -60,6 +60,16 @@ fn certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'s
     Ok(certs)
 }
 
+/// Every certificate in each of `ca_files` (PEM), for a client that checks the platform's
+/// roots itself (reqwest) and only needs the private CAs added.
+pub fn ca_certificates(ca_files: &[PathBuf]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let mut certs = Vec::new();
+    for path in ca_files {
+        certs.extend(certificates("CA certificate", path)?);
+    }
+    Ok(certs)
+}
+
 /// A server's certificate chain and key: what `--tls-cert FILE --tls-key FILE` give.
 #[derive(Clone)]
 pub struct ServerTls {
@@ -103,27 +113,20 @@ impl ServerTls {
 #[derive(Clone)]
 pub struct ClientTls {
     config: Arc<rustls::ClientConfig>,
-    extra_roots: Vec<CertificateDer<'static>>,
 }
 
 impl std::fmt::Debug for ClientTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientTls")
-            .field("extra_roots", &self.extra_roots.len())
-            .finish_non_exhaustive()
+        f.debug_struct("ClientTls").finish_non_exhaustive()
     }
 }
 
 impl ClientTls {
     /// The platform's roots and every certificate in each of `ca_files` (PEM).
     pub fn new(ca_files: &[PathBuf]) -> Result<Self, TlsError> {
-        let mut extra = Vec::new();
-        for path in ca_files {
-            extra.extend(certificates("CA certificate", path)?);
-        }
-        let verifier =
-            rustls_platform_verifier::Verifier::new_with_extra_roots(extra.clone(), provider())
-                .map_err(TlsError::Rustls)?;
+        let extra = ca_certificates(ca_files)?;
+        let verifier = rustls_platform_verifier::Verifier::new_with_extra_roots(extra, provider())
+            .map_err(TlsError::Rustls)?;
         let config = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(TlsError::Rustls)?
@@ -132,18 +135,12 @@ impl ClientTls {
             .with_no_client_auth();
         Ok(Self {
             config: Arc::new(config),
-            extra_roots: extra,
         })
     }
 
     /// The platform's roots only.
     pub fn platform() -> Result<Self, TlsError> {
         Self::new(&[])
-    }
-
-    /// The private CAs' certificates, trusted beside the platform's roots.
-    pub fn extra_roots(&self) -> &[CertificateDer<'static>] {
-        &self.extra_roots
     }
 
     /// The rustls configuration, for a client of your own.

@@ -98,11 +98,9 @@ impl Refusal {
     /// themselves (a panic, a response that could not be read), which are logged as errors
     /// rather than counted as a request's outcome.
     pub(crate) fn response<B: From<Bytes>>(self, detail: impl Into<String>) -> Response<B> {
-        let detail = detail.into();
-        let mut response = problem(self.kind(), detail.clone());
-        response
-            .extensions_mut()
-            .insert(Refused(Arc::new(self.kind().with_detail(detail))));
+        let problem = Arc::new(self.kind().with_detail(detail));
+        let mut response = problem_response(&problem);
+        response.extensions_mut().insert(Refused(problem));
         if let Some(after) = self.retry_after() {
             response
                 .headers_mut()
@@ -113,14 +111,17 @@ impl Refusal {
 }
 
 /// Marks a response as the layer's own refusal, not the handler's answer nor a replay, so the
-/// layer can add what only its refusals carry (the policy `Link`).
-/// It carries the problem, for the layer to write again in another dialect.
+/// layer can add what only its refusals carry (the policy `Link`). It carries the problem, for
+/// the layer to write again in another dialect.
 #[derive(Debug, Clone)]
 pub(crate) struct Refused(pub(crate) Arc<idem_core::Problem>);
 
 /// A problem-details response of `kind`, with no `Retry-After`.
 pub(crate) fn problem<B: From<Bytes>>(kind: ProblemKind, detail: impl Into<String>) -> Response<B> {
-    let problem = kind.with_detail(detail);
+    problem_response(&kind.with_detail(detail))
+}
+
+fn problem_response<B: From<Bytes>>(problem: &idem_core::Problem) -> Response<B> {
     let mut response = Response::new(B::from(Bytes::from(problem.to_json())));
     *response.status_mut() =
         StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -212,8 +212,7 @@ impl Drill {
         if config.concurrency < 2 {
             bail!("--concurrency must be at least 2 for concurrent copies to meet");
         }
-        let tls = idem_gateway::ClientTls::new(&config.ca_certs).context("--ca-cert")?;
-        let http = crate::tls_args::reqwest_builder(&tls)?
+        let http = crate::tls_args::reqwest_builder(&config.ca_certs)?
             // The drill judges the answer the API gives, not where a redirect leads.
             .redirect(reqwest::redirect::Policy::none())
             .build()
