@@ -247,16 +247,20 @@ async fn the_proxy_serves_https_in_front_of_an_https_upstream() {
     let upstream = serve_tls(&pki, dir.path()).await;
     let upstream_url = by_name(&upstream.url);
     let flags = pki.server_flags();
-    let store = format!("sqlite://{}", dir.path().join("proxy.db").display());
     let ca = pki.ca();
-    let mut args: Vec<&str> = flags.iter().map(String::as_str).collect();
-    args.extend([
-        "--store",
-        &store,
-        "--secret",
-        "a-test-secret-of-some-length",
-    ]);
-    let with_ca = [args.clone(), vec!["--ca-cert", &ca]].concat();
+    // The proxy's own TLS flags, a store of its own and a secret.
+    let proxy_args = |store: &str| -> Vec<String> {
+        let mut args = flags.to_vec();
+        args.extend([
+            "--store".into(),
+            format!("sqlite://{}", dir.path().join(store).display()),
+        ]);
+        args.extend(["--secret".into(), "a-test-secret-of-some-length".into()]);
+        args
+    };
+    let mut with_ca = proxy_args("proxy.db");
+    with_ca.extend(["--ca-cert".into(), ca.clone()]);
+    let with_ca: Vec<&str> = with_ca.iter().map(String::as_str).collect();
     let proxy = Idem::start_proxy(
         dir.path(),
         &upstream_url,
@@ -278,13 +282,13 @@ async fn the_proxy_serves_https_in_front_of_an_https_upstream() {
         assert_eq!(out.contains("idempotent-replayed: true"), replayed, "{out}");
     }
 
-    // The upstream's certificate is not trusted without --ca-cert: a 502, and nothing stored.
-    let store = format!("sqlite://{}", dir.path().join("proxy2.db").display());
-    args[5] = &store;
+    // The upstream's certificate is not trusted without --ca-cert: a 502.
+    let without_ca = proxy_args("proxy2.db");
+    let without_ca: Vec<&str> = without_ca.iter().map(String::as_str).collect();
     let untrusting = Idem::start_proxy(
         dir.path(),
         &upstream_url,
-        &args,
+        &without_ca,
         dir.path().join("proxy2.log"),
     )
     .await;
