@@ -9,7 +9,7 @@ use idem_core::ProblemKind;
 use tokio::sync::OwnedMutexGuard;
 
 use crate::mode::TxSlot;
-use crate::response::problem;
+use crate::response::problem_response;
 
 /// The open transaction of a request in transaction mode. Write the business rows through it
 /// and they commit together with the key row and the stored response, or not at all.
@@ -56,7 +56,8 @@ impl IntoResponse for NoTransaction {
         tracing::error!("{self}");
         // Not a refusal of the contract but a route wired wrong: a `500` (under the store's
         // problem type, the nearest there is) without `Retry-After`, since a retry cannot help.
-        let mut response: Response = problem(ProblemKind::StoreUnavailable, self.to_string());
+        let mut response: Response =
+            problem_response(&ProblemKind::StoreUnavailable.with_detail(self.to_string()));
         *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
         response
     }

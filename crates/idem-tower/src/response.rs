@@ -116,12 +116,8 @@ impl Refusal {
 #[derive(Debug, Clone)]
 pub(crate) struct Refused(pub(crate) Arc<idem_core::Problem>);
 
-/// A problem-details response of `kind`, with no `Retry-After`.
-pub(crate) fn problem<B: From<Bytes>>(kind: ProblemKind, detail: impl Into<String>) -> Response<B> {
-    problem_response(&kind.with_detail(detail))
-}
-
-fn problem_response<B: From<Bytes>>(problem: &idem_core::Problem) -> Response<B> {
+/// A problem-details response of `problem`, with no `Retry-After`.
+pub(crate) fn problem_response<B: From<Bytes>>(problem: &idem_core::Problem) -> Response<B> {
     let mut response = Response::new(B::from(Bytes::from(problem.to_json())));
     *response.status_mut() =
         StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
