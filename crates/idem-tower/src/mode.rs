@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,34 +117,14 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
         ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
         ResBody::Error: fmt::Display,
     {
-        let store = self.0;
-        let policy = claim.policy.clone();
-        let tx = match store
-            .begin_claim(&claim.new_claim, policy.in_flight_wait)
-            .await
-        {
-            Ok(TxClaim::Claimed(tx)) => tx,
-            Ok(TxClaim::Existing(record)) => {
-                let decision = decide(Some(&record), claim.fingerprint(), claim.clock.now());
-                // A committed record the claim could not replace always settles the request.
-                return Ok(settle(&decision, claim.scope(), None));
-            }
-            Ok(TxClaim::Busy) => {
-                return Ok(Refusal::InUse.refuse(format!(
-                    "a request with this Idempotency-Key is still running after a {} s wait; retry later with the same key",
-                    policy.in_flight_wait.as_secs()
-                )));
-            }
-            Err(e) => return Ok(store_unavailable(&e)),
+        let tx = match self.claim_in_tx(&claim).await {
+            ControlFlow::Continue(tx) => tx,
+            ControlFlow::Break(answer) => return Ok(answer),
         };
-
         let slot: TxSlot<St::Tx> = Arc::new(Mutex::new(Some(tx)));
         request.extensions_mut().insert(slot.clone());
         request.extensions_mut().insert(claim.scope().clone());
-        let response = match inner.ready().await {
-            Ok(ready) => ready.call(request).await,
-            Err(e) => Err(e),
-        };
+        let response = call(&mut inner, request).await;
         // The handler has returned, so its guard on the slot is gone (unless it leaked one
         // into a task; then this waits for that task).
         let Some(tx) = slot.lock().await.take() else {
@@ -155,38 +136,75 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
         let response = match response {
             Ok(response) => response,
             Err(e) => {
-                let _ = store.rollback(tx).await;
+                let _ = self.0.rollback(tx).await;
                 return Err(e);
             }
         };
-        let (response, outcome, stored) = match buffer_response(&policy, response).await {
+        let (response, outcome, stored) = match buffer_response(&claim.policy, response).await {
             Ok(buffered) => buffered,
             Err(e) => {
                 tracing::error!(error = %e, "handler response failed");
-                let _ = store.rollback(tx).await;
+                let _ = self.0.rollback(tx).await;
                 return Ok(Refusal::StoreUnavailable.response(
                     "the response could not be produced; nothing was committed; retry with the same key",
                 ));
             }
         };
+        Ok(self
+            .commit_or_roll_back(&claim, tx, response, outcome, &stored)
+            .await)
+    }
+}
+
+impl<St: TransactionalStore> TransactionMode<St> {
+    /// Claims the key in a new transaction, or breaks with the answer when the key is taken
+    /// (a replay, a mismatch, a wait that ran out) or the store is unreachable.
+    async fn claim_in_tx<B: From<Bytes>>(&self, claim: &Claim) -> ControlFlow<Response<B>, St::Tx> {
+        let wait = claim.policy.in_flight_wait;
+        match self.0.begin_claim(&claim.new_claim, wait).await {
+            Ok(TxClaim::Claimed(tx)) => ControlFlow::Continue(tx),
+            Ok(TxClaim::Existing(record)) => {
+                let decision = decide(Some(&record), claim.fingerprint(), claim.clock.now());
+                // A committed record the claim could not replace always settles the request.
+                ControlFlow::Break(settle(&decision, claim.scope(), None))
+            }
+            Ok(TxClaim::Busy) => ControlFlow::Break(Refusal::InUse.refuse(format!(
+                "a request with this Idempotency-Key is still running after a {} s wait; retry later with the same key",
+                wait.as_secs()
+            ))),
+            Err(e) => ControlFlow::Break(store_unavailable(&e)),
+        }
+    }
+
+    /// Commits the key row, the handler's writes and the stored response together when the
+    /// outcome is to be stored; rolls all of them back otherwise.
+    async fn commit_or_roll_back<B: From<Bytes>>(
+        &self,
+        claim: &Claim,
+        tx: St::Tx,
+        response: Response<B>,
+        outcome: Outcome,
+        stored: &idem_core::StoredResponse,
+    ) -> Response<B> {
         if outcome != Outcome::Store {
             Served::NotStored.count();
-            if let Err(e) = store.rollback(tx).await {
+            if let Err(e) = self.0.rollback(tx).await {
                 tracing::warn!(error = %ErrorChain(&e), "rollback failed");
             }
-            return Ok(response);
+            return response;
         }
-        match store
-            .commit_response(tx, claim.scope(), claim.token(), &stored)
+        match self
+            .0
+            .commit_response(tx, claim.scope(), claim.token(), stored)
             .await
         {
             Ok(()) => {
                 Served::Fresh.count();
                 tracing::info!(key = %claim.scope().log_label(), status = stored.status, "stored");
-                Ok(response)
+                response
             }
             // Nothing committed: the client must not see a success that did not happen.
-            Err(e) => Ok(store_unavailable(&e)),
+            Err(e) => store_unavailable(&e),
         }
     }
 }
@@ -214,15 +232,50 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
         ResBody::Error: fmt::Display,
     {
-        let take_over = self.take_over;
-        let wait = self.wait;
-        let reconciliation = self.reconciliation;
-        let store = self.store;
-        let policy = claim.policy.clone();
         let label = claim.scope().log_label();
         request.extensions_mut().insert(claim.scope().clone());
-        claim.new_claim.take_over_expired_lease = take_over;
-        let deadline = wait
+        claim.new_claim.take_over_expired_lease = self.take_over;
+        if let ControlFlow::Break(answer) = self.claim_or_wait(&mut claim, &label).await {
+            return Ok(answer);
+        }
+        let response = self
+            .renewing_lease(&claim, &label, call(&mut inner, request))
+            .await;
+        let response = match response {
+            Ok(response) => response,
+            // The service failed without a response: the outcome is unknown.
+            Err(e) => {
+                let _ = self.outcome_unknown(&claim).await;
+                return Err(e);
+            }
+        };
+        let (response, outcome, stored) = match buffer_response(&claim.policy, response).await {
+            Ok(buffered) => buffered,
+            Err(e) => {
+                tracing::error!(error = %e, "handler response failed");
+                let (_, retry_after) = self.outcome_unknown(&claim).await;
+                return Ok(Refusal::OutcomeUnknown { retry_after }
+                    .response("the response could not be produced; the outcome is unknown"));
+            }
+        };
+        Ok(self
+            .store_outcome(claim, &label, response, outcome, stored)
+            .await)
+    }
+}
+
+impl<St: Store> LeaseMode<St> {
+    /// Claims the key, or breaks with the answer when a record the claim cannot replace
+    /// settles the request. With an outcome wait, a duplicate of work still running (or of an
+    /// unknown outcome a reconciler will resolve) waits for it and claims again when woken,
+    /// until the wait runs out.
+    async fn claim_or_wait<B: From<Bytes>>(
+        &self,
+        claim: &mut Claim,
+        label: &str,
+    ) -> ControlFlow<Response<B>> {
+        let deadline = self
+            .wait
             .as_ref()
             .map(|(max, _)| tokio::time::Instant::now() + *max);
         loop {
@@ -231,97 +284,100 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             let now = claim.clock.now();
             claim.restamp(now);
             // Listen before claiming, so an outcome stored in between still wakes us.
-            let mut woken = wait.as_ref().map(|(_, signal)| signal.listen(&label));
-            let record = match store.claim(&claim.new_claim).await {
+            let mut woken = self.wait.as_ref().map(|(_, signal)| signal.listen(label));
+            let record = match self.store.claim(&claim.new_claim).await {
                 Ok(ClaimOutcome::Claimed) => {
                     drop(woken);
-                    if let Some((_, signal)) = &wait {
-                        signal.forget_if_unused(&label);
-                    }
-                    break;
+                    self.forget_waiters(label);
+                    return ControlFlow::Continue(());
                 }
                 Ok(ClaimOutcome::Existing(record)) => record,
-                Err(e) => return Ok(store_unavailable(&e)),
+                Err(e) => return ControlFlow::Break(store_unavailable(&e)),
             };
             let decision = decide(Some(&record), claim.fingerprint(), now);
             // A record whose outcome is unknown is worth waiting for only when a reconciler
             // will resolve it (and wake us).
             let worth_waiting = match decision {
                 Decision::InFlight { .. } => true,
-                Decision::LeaseExpired { .. } => reconciliation.is_some(),
+                Decision::LeaseExpired { .. } => self.reconciliation.is_some(),
                 _ => false,
             };
-            if !worth_waiting && let Some((_, signal)) = &wait {
+            if !worth_waiting {
                 // Not going to wait: leave no entry behind.
                 drop(woken.take());
-                signal.forget_if_unused(&label);
+                self.forget_waiters(label);
             }
-            match (&decision, woken, deadline) {
-                (_, Some(woken), Some(deadline)) if worth_waiting => {
+            match (woken, deadline) {
+                (Some(woken), Some(deadline)) if worth_waiting => {
                     Served::Waited.count();
                     if tokio::time::timeout_at(deadline, woken).await.is_err() {
-                        if let Some((_, signal)) = &wait {
-                            signal.forget_if_unused(&label);
-                        }
-                        return Ok(settle(&decision, claim.scope(), reconciliation.as_ref()));
+                        self.forget_waiters(label);
+                        return ControlFlow::Break(settle(
+                            &decision,
+                            claim.scope(),
+                            self.reconciliation.as_ref(),
+                        ));
                     }
                     // Woken: the outcome landed (or the key was released); look again.
                 }
+                // A record the claim could not replace always settles the request.
                 _ => {
-                    // A record the claim could not replace always settles the request.
-                    return Ok(settle(&decision, claim.scope(), reconciliation.as_ref()));
+                    return ControlFlow::Break(settle(
+                        &decision,
+                        claim.scope(),
+                        self.reconciliation.as_ref(),
+                    ));
                 }
             }
         }
+    }
 
-        // Renew the lease while the work runs, so a slow call is not taken over.
-        let work = async {
-            match inner.ready().await {
-                Ok(ready) => ready.call(request).await,
-                Err(e) => Err(e),
-            }
-        };
+    /// Runs `work` while renewing the lease every third of it, so a slow call is not taken
+    /// over.
+    async fn renewing_lease<T>(
+        &self,
+        claim: &Claim,
+        label: &str,
+        work: impl Future<Output = T>,
+    ) -> T {
         tokio::pin!(work);
-        let mut renewals = tokio::time::interval(policy.lease / 3);
+        let mut renewals = tokio::time::interval(claim.policy.lease / 3);
         renewals.tick().await;
-        let response = loop {
+        loop {
             tokio::select! {
-                response = &mut work => break response,
+                output = &mut work => return output,
                 _ = renewals.tick() => {
-                    let until = claim.clock.now().plus(policy.lease_hold());
-                    match store.renew(claim.scope(), claim.token(), until).await {
+                    let until = claim.clock.now().plus(claim.policy.lease_hold());
+                    match self.store.renew(claim.scope(), claim.token(), until).await {
                         Ok(true) => {}
                         Ok(false) => tracing::warn!(key = %label, "lease lost while the work ran"),
                         Err(e) => tracing::warn!(error = %ErrorChain(&e), "lease renewal failed"),
                     }
                 }
             }
-        };
-        let response = match response {
-            Ok(response) => response,
-            // The service failed without a response: the outcome is unknown.
-            Err(e) => {
-                let _ = outcome_unknown(&store, &claim, reconciliation.as_ref()).await;
-                return Err(e);
-            }
-        };
-        let (response, outcome, stored) = match buffer_response(&policy, response).await {
-            Ok(buffered) => buffered,
-            Err(e) => {
-                tracing::error!(error = %e, "handler response failed");
-                let (_, retry_after) =
-                    outcome_unknown(&store, &claim, reconciliation.as_ref()).await;
-                return Ok(Refusal::OutcomeUnknown { retry_after }
-                    .response("the response could not be produced; the outcome is unknown"));
-            }
-        };
-        let mut response = response;
+        }
+    }
+
+    /// Stores the work's outcome as its response marks it (stored, released, or unknown),
+    /// wakes the key's waiters once there is something new to see, and hands the response
+    /// back. A completion the store missed is tried again in the background.
+    async fn store_outcome<B>(
+        self,
+        claim: Claim,
+        label: &str,
+        mut response: Response<B>,
+        outcome: Outcome,
+        stored: idem_core::StoredResponse,
+    ) -> Response<B> {
         let stored_ok = match outcome {
-            Outcome::Store => store.complete(claim.scope(), claim.token(), &stored).await,
-            Outcome::Release => store.release(claim.scope(), claim.token()).await,
+            Outcome::Store => {
+                self.store
+                    .complete(claim.scope(), claim.token(), &stored)
+                    .await
+            }
+            Outcome::Release => self.store.release(claim.scope(), claim.token()).await,
             Outcome::Unknown => {
-                let (ended, retry_after) =
-                    outcome_unknown(&store, &claim, reconciliation.as_ref()).await;
+                let (ended, retry_after) = self.outcome_unknown(&claim).await;
                 set_retry_after(&mut response, retry_after);
                 ended
             }
@@ -330,9 +386,9 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         // store wakes them itself).
         if outcome != Outcome::Unknown
             && matches!(stored_ok, Ok(true))
-            && let Some((_, signal)) = &wait
+            && let Some((_, signal)) = &self.wait
         {
-            signal.wake(&label);
+            signal.wake(label);
         }
         match stored_ok {
             Ok(true) => {}
@@ -344,8 +400,8 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             // Keep trying to store it while the claim still holds.
             Err(e) if outcome == Outcome::Store => {
                 tracing::warn!(error = %ErrorChain(&e), key = %label, "storing the outcome failed; retrying while the claim holds");
-                let signal = wait.map(|(_, signal)| signal);
-                tokio::spawn(store_outcome_later(store, claim, stored, signal));
+                let signal = self.wait.map(|(_, signal)| signal);
+                tokio::spawn(store_outcome_later(self.store, claim, stored, signal));
             }
             Err(e) => tracing::error!(error = %ErrorChain(&e), "storing the outcome failed"),
         }
@@ -353,8 +409,25 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
             Outcome::Store => Served::Fresh.count(),
             _ => Served::NotStored.count(),
         }
-        Ok(response)
+        response
     }
+
+    /// [`outcome_unknown`] with this mode's store and reconciler.
+    async fn outcome_unknown(&self, claim: &Claim) -> (idem_store::Result<bool>, Duration) {
+        outcome_unknown(&self.store, claim, self.reconciliation.as_ref()).await
+    }
+
+    /// Drops the wait entry for `label` when nobody listens on it any more.
+    fn forget_waiters(&self, label: &str) {
+        if let Some((_, signal)) = &self.wait {
+            signal.forget_if_unused(label);
+        }
+    }
+}
+
+/// Calls `inner` once it is ready.
+async fn call<S: Service<R>, R>(inner: &mut S, request: R) -> Result<S::Response, S::Error> {
+    inner.ready().await?.call(request).await
 }
 
 /// The work ended and its outcome is unknown. With a reconciler, every call the work made is
