@@ -10,7 +10,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing;
 use idem_core::{
     AccountId, Clock, FencingToken, IdempotencyKey, KeyLimits, ManualClock, Policy, Record, Scope,
     StoredResponse, Timestamp,
@@ -19,6 +19,7 @@ use idem_store::{ClaimOutcome, NewClaim, SqliteStore, SqliteTx, TxClaim};
 use idem_tower::{IdempotencyLayer, Outcome, Tx};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinHandle;
 
 /// What the scripted handler does, read from its JSON body.
 #[derive(serde::Deserialize, Default)]
@@ -107,59 +108,86 @@ enum Kind {
     LeaseReconciled,
 }
 
-async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
+/// The request body that holds the handler at its gate until the test lets it go.
+const GATE: &str = r#"{"gate": true}"#;
+
+/// A SQLite store in a temporary directory, with the `effects` table transaction mode's
+/// handler writes to.
+async fn sqlite_store() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("t.db")).await.unwrap();
     sqlx::query("CREATE TABLE effects (n INTEGER)")
         .execute(store.writer())
         .await
         .unwrap();
+    (store, dir)
+}
+
+/// Serves `router` on a loopback port; returns the URL of its `/work` route.
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/work", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    url
+}
+
+/// A JSON POST of `body` to `url`, under `key` if there is one.
+fn post(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    body: &str,
+) -> reqwest::RequestBuilder {
+    let mut req = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    req
+}
+
+async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
+    let (store, dir) = sqlite_store().await;
     let clock = ManualClock::new(Timestamp(1_800_000_000_000));
     let mut policy = Policy::default();
     adjust(&mut policy);
     let handler = Handler::new();
     let schedule = idem_tower::Reconciliation::new(Duration::from_secs(60));
     let router = match kind {
-        Kind::Transaction => Router::new().route("/work", post(tx_handler)).layer(
-            IdempotencyLayer::transactional(store.clone())
-                .with_policy(policy)
-                .with_clock(clock.clone()),
-        ),
-        Kind::TransactionClaimFirst => Router::new().route("/work", post(tx_handler)).layer(
-            IdempotencyLayer::transactional(store.clone())
-                .without_replay_read()
-                .with_policy(policy)
-                .with_clock(clock.clone()),
-        ),
-        Kind::Lease => Router::new().route("/work", post(lease_handler)).layer(
-            IdempotencyLayer::leased(store.clone())
-                .with_policy(policy)
-                .with_clock(clock.clone()),
-        ),
-        Kind::LeaseClaimFirst => Router::new().route("/work", post(lease_handler)).layer(
-            IdempotencyLayer::leased(store.clone())
-                .without_replay_read()
-                .with_policy(policy)
-                .with_clock(clock.clone()),
-        ),
-        Kind::LeaseWithoutTakeover => Router::new().route("/work", post(lease_handler)).layer(
-            IdempotencyLayer::leased(store.clone())
-                .without_takeover()
-                .with_policy(policy)
-                .with_clock(clock.clone()),
-        ),
-        Kind::LeaseReconciled => Router::new().route("/work", post(lease_handler)).layer(
-            IdempotencyLayer::leased(store.clone())
-                .without_takeover()
-                .with_reconciliation(schedule.clone())
-                .with_policy(policy)
-                .with_clock(clock.clone()),
-        ),
+        Kind::Transaction | Kind::TransactionClaimFirst => {
+            let mut layer = IdempotencyLayer::transactional(store.clone());
+            if kind == Kind::TransactionClaimFirst {
+                layer = layer.without_replay_read();
+            }
+            let layer = layer.with_policy(policy).with_clock(clock.clone());
+            Router::new()
+                .route("/work", routing::post(tx_handler))
+                .layer(layer)
+        }
+        Kind::Lease
+        | Kind::LeaseClaimFirst
+        | Kind::LeaseWithoutTakeover
+        | Kind::LeaseReconciled => {
+            let mut layer = IdempotencyLayer::leased(store.clone());
+            if kind == Kind::LeaseClaimFirst {
+                layer = layer.without_replay_read();
+            }
+            if matches!(kind, Kind::LeaseWithoutTakeover | Kind::LeaseReconciled) {
+                layer = layer.without_takeover();
+            }
+            if kind == Kind::LeaseReconciled {
+                layer = layer.with_reconciliation(schedule.clone());
+            }
+            let layer = layer.with_policy(policy).with_clock(clock.clone());
+            Router::new()
+                .route("/work", routing::post(lease_handler))
+                .layer(layer)
+        }
     }
     .with_state(handler.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/work", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let url = serve(router).await;
     App {
         url,
         handler,
@@ -173,15 +201,10 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
 
 impl App {
     async fn send(&self, key: Option<&str>, body: &str) -> (u16, HeaderMap, Bytes) {
-        let mut req = self
-            .client
-            .post(&self.url)
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        if let Some(key) = key {
-            req = req.header("idempotency-key", key);
-        }
-        let response = req.send().await.unwrap();
+        let response = post(&self.client, &self.url, key, body)
+            .send()
+            .await
+            .unwrap();
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         (status, headers, response.bytes().await.unwrap())
@@ -197,6 +220,50 @@ impl App {
             .await
             .unwrap()
     }
+
+    /// Sends `body` under `key` from a task of its own (a copy of the request).
+    fn spawn_send(
+        self: &Arc<Self>,
+        key: &'static str,
+        body: &'static str,
+    ) -> JoinHandle<(u16, HeaderMap, Bytes)> {
+        let app = self.clone();
+        tokio::spawn(async move { app.send(Some(key), body).await })
+    }
+
+    /// Sends the gated request under `key` from a task, once its handler has been entered.
+    async fn send_held(self: &Arc<Self>, key: &'static str) -> JoinHandle<(u16, HeaderMap, Bytes)> {
+        let original = self.spawn_send(key, GATE);
+        self.handler.entered.notified().await;
+        original
+    }
+
+    /// A raw connection to the server, for what a client library would not send.
+    async fn connect(&self) -> tokio::net::TcpStream {
+        let addr = self
+            .url
+            .trim_start_matches("http://")
+            .trim_end_matches("/work");
+        tokio::net::TcpStream::connect(addr).await.unwrap()
+    }
+
+    /// The records whose lease has run out by the clock's now: what a reconciler looks at.
+    async fn lease_expired(&self) -> Vec<Record> {
+        use idem_store::{AdminStore, RecordFilter};
+        self.store
+            .list(&RecordFilter {
+                lease_expired_by: Some(self.clock.now()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+    }
+}
+
+/// The `type` of a problem-details body.
+fn problem_type(body: &[u8]) -> serde_json::Value {
+    let problem: serde_json::Value = serde_json::from_slice(body).unwrap();
+    problem["type"].clone()
 }
 
 fn replayed(headers: &HeaderMap) -> bool {
@@ -213,10 +280,7 @@ async fn without_the_replay_read_the_claim_gives_the_same_answers() {
         let app = Arc::new(start(kind, |_| {}).await);
         let body = r#"{"n": 1}"#;
         let copies: Vec<_> = (0..16)
-            .map(|_| {
-                let app = app.clone();
-                tokio::spawn(async move { app.send(Some("claim-first-1"), body).await })
-            })
+            .map(|_| app.spawn_send("claim-first-1", body))
             .collect();
         let mut created = Vec::new();
         for copy in copies {
@@ -247,16 +311,8 @@ async fn without_the_replay_read_the_claim_gives_the_same_answers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transaction_mode_duplicate_waits_for_the_original_then_replays() {
     let app = Arc::new(start(Kind::Transaction, |_| {}).await);
-    let body = r#"{"gate": true}"#;
-    let original = tokio::spawn({
-        let app = app.clone();
-        async move { app.send(Some("in-flight-key-1"), body).await }
-    });
-    app.handler.entered.notified().await;
-    let duplicate = tokio::spawn({
-        let app = app.clone();
-        async move { app.send(Some("in-flight-key-1"), body).await }
-    });
+    let original = app.send_held("in-flight-key-1").await;
+    let duplicate = app.spawn_send("in-flight-key-1", GATE);
     app.handler.gate.add_permits(1);
     let (s1, h1, b1) = original.await.unwrap();
     let (s2, h2, b2) = duplicate.await.unwrap();
@@ -270,26 +326,24 @@ async fn transaction_mode_duplicate_waits_for_the_original_then_replays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transaction_mode_wait_is_bounded_then_409_with_retry_after() {
-    let app = Arc::new(
-        start(Kind::Transaction, |p| {
-            p.in_flight_wait = Duration::from_millis(300)
-        })
-        .await,
-    );
-    let body = r#"{"gate": true}"#;
-    let original = tokio::spawn({
-        let app = app.clone();
-        async move { app.send(Some("bounded-key-001"), body).await }
-    });
-    app.handler.entered.notified().await;
-    let (status, headers, problem) = app.send(Some("bounded-key-001"), body).await;
+    let app = start(Kind::Transaction, |p| {
+        p.in_flight_wait = Duration::from_millis(300)
+    })
+    .await;
+    a_duplicate_is_in_use_until_the_original_ends(Arc::new(app), "bounded-key-001").await;
+}
+
+/// While the original runs, a duplicate is refused with `409 in-use` and `Retry-After: 1`;
+/// once it has ended, the key replays and the handler ran once.
+async fn a_duplicate_is_in_use_until_the_original_ends(app: Arc<App>, key: &'static str) {
+    let original = app.send_held(key).await;
+    let (status, headers, problem) = app.send(Some(key), GATE).await;
     assert_eq!(status, 409);
     assert_eq!(headers.get("retry-after").unwrap(), "1");
-    let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
-    assert_eq!(problem["type"], "urn:idem:problem:in-use");
+    assert_eq!(problem_type(&problem), "urn:idem:problem:in-use");
     app.handler.gate.add_permits(1);
     assert_eq!(original.await.unwrap().0, 201);
-    let (status, headers, _) = app.send(Some("bounded-key-001"), body).await;
+    let (status, headers, _) = app.send(Some(key), GATE).await;
     assert_eq!(status, 201);
     assert!(replayed(&headers));
     assert_eq!(app.calls(), 1);
@@ -335,23 +389,8 @@ async fn business_4xx_is_stored_but_a_validation_400_is_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lease_mode_duplicate_gets_409_with_retry_after_while_the_original_runs() {
-    let app = Arc::new(start(Kind::Lease, |_| {}).await);
-    let body = r#"{"gate": true}"#;
-    let original = tokio::spawn({
-        let app = app.clone();
-        async move { app.send(Some("lease-key-00001"), body).await }
-    });
-    app.handler.entered.notified().await;
-    let (status, headers, problem) = app.send(Some("lease-key-00001"), body).await;
-    assert_eq!(status, 409);
-    assert_eq!(headers.get("retry-after").unwrap(), "1");
-    let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
-    assert_eq!(problem["type"], "urn:idem:problem:in-use");
-    app.handler.gate.add_permits(1);
-    assert_eq!(original.await.unwrap().0, 201);
-    let (_, headers, _) = app.send(Some("lease-key-00001"), body).await;
-    assert!(replayed(&headers));
-    assert_eq!(app.calls(), 1);
+    let app = start(Kind::Lease, |_| {}).await;
+    a_duplicate_is_in_use_until_the_original_ends(Arc::new(app), "lease-key-00001").await;
 }
 
 #[tokio::test]
@@ -406,7 +445,6 @@ async fn a_claim_is_held_through_the_downstream_timeout_before_a_takeover() {
 
 #[tokio::test]
 async fn with_a_reconciler_an_unknown_outcome_is_told_at_once_and_looked_at() {
-    use idem_store::{AdminStore, RecordFilter};
     let app = start(Kind::LeaseReconciled, |p| {
         p.downstream_timeout = Duration::from_secs(60)
     })
@@ -420,21 +458,13 @@ async fn with_a_reconciler_an_unknown_outcome_is_told_at_once_and_looked_at() {
         "the reconciler was asked to look at once"
     );
     // The handler returned: the record's lease ended with it, though the clock stands still.
-    let stale = app
-        .store
-        .list(&RecordFilter {
-            lease_expired_by: Some(app.clock.now()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let stale = app.lease_expired().await;
     assert_eq!(stale.len(), 1, "visible to the reconciler now");
     let (status, headers, problem) = app
         .send(Some("unknown-key-002"), r#"{"status": 502}"#)
         .await;
     assert_eq!(status, 409);
-    let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
-    assert_eq!(problem["type"], "urn:idem:problem:outcome-unknown");
+    assert_eq!(problem_type(&problem), "urn:idem:problem:outcome-unknown");
     assert_eq!(headers["retry-after"], "1");
     assert_eq!(app.calls(), 1, "never run again");
     // Once that pass is over (it learnt nothing) and the reconciler waits for its next one,
@@ -466,12 +496,8 @@ async fn lease_mode_release_lets_a_retry_run_fresh() {
 async fn a_client_hanging_up_does_not_cancel_the_work() {
     for kind in [Kind::Transaction, Kind::Lease] {
         let app = start(kind, |_| {}).await;
-        let body = r#"{"gate": true}"#;
-        let addr = app
-            .url
-            .trim_start_matches("http://")
-            .trim_end_matches("/work");
-        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let body = GATE;
+        let mut socket = app.connect().await;
         let request = format!(
             "POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: hangup-key-0001\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
@@ -538,11 +564,7 @@ async fn keyless_requests_pass_through_when_keys_are_optional() {
 #[tokio::test]
 async fn a_chunked_body_over_the_limit_is_413() {
     let app = start(Kind::Transaction, |p| p.body_limit = 1024).await;
-    let addr = app
-        .url
-        .trim_start_matches("http://")
-        .trim_end_matches("/work");
-    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut socket = app.connect().await;
     let chunk = "x".repeat(600);
     let request = format!(
         "POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: chunked-key-001\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
@@ -564,11 +586,7 @@ async fn a_body_that_trickles_in_gets_408_not_a_hung_connection() {
         p.body_timeout = Duration::from_millis(300)
     })
     .await;
-    let addr = app
-        .url
-        .trim_start_matches("http://")
-        .trim_end_matches("/work");
-    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut socket = app.connect().await;
     // Declares 100 bytes, sends 10, then stalls.
     socket
         .write_all(b"POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: trickle-key-001\r\ncontent-type: text/plain\r\ncontent-length: 100\r\n\r\n0123456789")
@@ -588,7 +606,7 @@ async fn a_body_that_trickles_in_gets_408_not_a_hung_connection() {
 
 #[tokio::test]
 async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
-    use idem_store::{AdminStore, RecordFilter};
+    use idem_store::AdminStore;
     let app = start(Kind::LeaseWithoutTakeover, |_| {}).await;
     let (status, _, _) = app
         .send(Some("reconcile-key-1"), r#"{"status": 504}"#)
@@ -600,19 +618,11 @@ async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
         .await;
     assert_eq!(status, 409);
     assert!(headers.get("retry-after").is_some());
-    let problem: serde_json::Value = serde_json::from_slice(&problem).unwrap();
-    assert_eq!(problem["type"], "urn:idem:problem:outcome-unknown");
+    assert_eq!(problem_type(&problem), "urn:idem:problem:outcome-unknown");
     assert_eq!(app.calls(), 1, "the work is not run again");
 
     // A reconciler learns the outcome and completes the record; the retry replays it.
-    let stale = app
-        .store
-        .list(&RecordFilter {
-            lease_expired_by: Some(app.clock.now()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let stale = app.lease_expired().await;
     assert_eq!(stale.len(), 1);
     let outcome = idem_core::StoredResponse {
         status: 201,
@@ -637,32 +647,22 @@ async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_an_outcome_wait_a_duplicate_waits_and_replays_instead_of_409() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("w.db")).await.unwrap();
+    let (store, _dir) = sqlite_store().await;
     let handler = Handler::new();
     let signal = idem_tower::OutcomeSignal::default();
     let router = Router::new()
-        .route("/work", post(lease_handler))
+        .route("/work", routing::post(lease_handler))
         .layer(
             IdempotencyLayer::leased(store)
                 .with_outcome_wait(Duration::from_secs(10), signal.clone()),
         )
         .with_state(handler.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/work", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let url = serve(router).await;
     let client = reqwest::Client::new();
-    let post = |key: &'static str| {
-        client
-            .post(&url)
-            .header("idempotency-key", key)
-            .header("content-type", "application/json")
-            .body(r#"{"gate": true}"#)
-            .send()
-    };
-    let original = tokio::spawn(post("waiting-key-001"));
+    let send = || post(&client, &url, Some("waiting-key-001"), GATE).send();
+    let original = tokio::spawn(send());
     handler.entered.notified().await;
-    let duplicate = tokio::spawn(post("waiting-key-001"));
+    let duplicate = tokio::spawn(send());
     // Release the original only once the duplicate is parked on the signal (it would have had
     // its 409 long before without the wait).
     let parked = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -685,28 +685,18 @@ async fn with_an_outcome_wait_a_duplicate_waits_and_replays_instead_of_409() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_outcome_wait_is_bounded_then_409() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("w.db")).await.unwrap();
+    let (store, _dir) = sqlite_store().await;
     let handler = Handler::new();
     let router = Router::new()
-        .route("/work", post(lease_handler))
+        .route("/work", routing::post(lease_handler))
         .layer(IdempotencyLayer::leased(store).with_outcome_wait(
             Duration::from_millis(200),
             idem_tower::OutcomeSignal::default(),
         ))
         .with_state(handler.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/work", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let url = serve(router).await;
     let client = reqwest::Client::new();
-    let send = || {
-        client
-            .post(&url)
-            .header("idempotency-key", "bounded-wait-01")
-            .header("content-type", "application/json")
-            .body(r#"{"gate": true}"#)
-            .send()
-    };
+    let send = || post(&client, &url, Some("bounded-wait-01"), GATE).send();
     let original = tokio::spawn(send());
     handler.entered.notified().await;
     let duplicate = send().await.unwrap();
@@ -799,33 +789,32 @@ impl idem_store::TransactionalStore for WatchedStore {
 
 #[tokio::test]
 async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = WatchedStore::new(SqliteStore::open(dir.path().join("t.db")).await.unwrap());
+    let (inner, _dir) = sqlite_store().await;
+    let store = WatchedStore::new(inner);
     store.failing_completes.store(1, Ordering::SeqCst);
     let handler = Handler::new();
     let signal = idem_tower::OutcomeSignal::default();
     let router = Router::new()
-        .route("/work", post(lease_handler))
+        .route("/work", routing::post(lease_handler))
         .layer(
             IdempotencyLayer::leased(store.clone())
                 .with_outcome_wait(Duration::from_secs(5), signal.clone()),
         )
         .with_state(handler.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/work", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let url = serve(router).await;
     let key = "late-store-key1";
     let scope = Scope::new(
         AccountId::new("anonymous"),
         IdempotencyKey::parse(key.as_bytes(), KeyLimits::default()).unwrap(),
     );
     let send = || {
-        reqwest::Client::new()
-            .post(&url)
-            .header("idempotency-key", key)
-            .header("content-type", "application/json")
-            .body(r#"{"status": 201}"#)
-            .send()
+        post(
+            &reqwest::Client::new(),
+            &url,
+            Some(key),
+            r#"{"status": 201}"#,
+        )
+        .send()
     };
     // Listen before the request, so the later store's wake-up cannot be missed.
     let stored_later = signal.listen(&scope.log_label());
@@ -856,32 +845,21 @@ async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
 #[tokio::test]
 async fn without_the_replay_read_nothing_is_read_before_the_claim() {
     for replay_read in [true, false] {
-        let dir = tempfile::tempdir().unwrap();
-        let inner = SqliteStore::open(dir.path().join("t.db")).await.unwrap();
-        sqlx::query("CREATE TABLE effects (n INTEGER)")
-            .execute(inner.writer())
-            .await
-            .unwrap();
+        let (inner, _dir) = sqlite_store().await;
         let store = WatchedStore::new(inner);
         let mut layer = IdempotencyLayer::transactional(store.clone());
         if !replay_read {
             layer = layer.without_replay_read();
         }
         let router = Router::new()
-            .route("/work", post(tx_handler))
+            .route("/work", routing::post(tx_handler))
             .layer(layer)
             .with_state(Handler::new());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/work", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, router).await });
+        let url = serve(router).await;
         let client = reqwest::Client::new();
         let mut answers = Vec::new();
         for _ in 0..2 {
-            let response = client
-                .post(&url)
-                .header("idempotency-key", "replay-reads-1")
-                .header("content-type", "application/json")
-                .body("{}")
+            let response = post(&client, &url, Some("replay-reads-1"), "{}")
                 .send()
                 .await
                 .unwrap();
