@@ -176,20 +176,12 @@ impl Service<Request<Body>> for Upstream {
 }
 
 impl Upstream {
+    /// Sends the request on to the upstream and marks the answer with what it means for the
+    /// key: a connection never made releases it, a failure after sending leaves the outcome
+    /// unknown.
     async fn forward(self, request: Request<Body>) -> Response<Body> {
         let (mut parts, body) = request.into_parts();
-        let path = parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
-        let base_path = self.base.path().trim_end_matches('/');
-        let uri = match Uri::builder()
-            .scheme(self.base.scheme_str().unwrap_or("http"))
-            .authority(self.base.authority().map(|a| a.as_str()).unwrap_or(""))
-            .path_and_query(format!("{base_path}{path}"))
-            .build()
-        {
+        let uri = match self.upstream_uri(&parts.uri) {
             Ok(uri) => uri,
             Err(e) => {
                 return problem(
@@ -199,32 +191,7 @@ impl Upstream {
                 );
             }
         };
-        let original_host = parts.headers.get(header::HOST).cloned();
-        strip_hop_by_hop(&mut parts.headers);
-        parts.headers.remove(header::HOST);
-        let peer = parts.extensions.get::<Peer>().copied();
-        add_forwarding(&mut parts.headers, peer, original_host.as_ref());
-        if let Some(host) = original_host {
-            parts.headers.insert("x-forwarded-host", host);
-        }
-        let scope = parts.extensions.get::<Scope>().cloned();
-        match (self.forwarding, scope) {
-            (KeyForwarding::AsSent, _) => {}
-            (KeyForwarding::Derived, Some(scope)) => {
-                let derived = self.secret.hmac_hex(&[
-                    b"idem-forwarded-key",
-                    scope.account.as_str().as_bytes(),
-                    scope.key.as_str().as_bytes(),
-                ]);
-                parts.headers.insert(
-                    "idempotency-key",
-                    HeaderValue::from_str(&derived).expect("hex is a valid header value"),
-                );
-            }
-            (KeyForwarding::Derived, None) | (KeyForwarding::Drop, _) => {
-                parts.headers.remove("idempotency-key");
-            }
-        }
+        self.rewrite_headers(&mut parts);
         parts.uri = uri;
         // The upstream hop is HTTP/1.1 whatever the client spoke: an HTTP/2 request (over
         // TLS with ALPN) would otherwise be refused by the HTTP/1 client before it is sent.
@@ -233,21 +200,7 @@ impl Upstream {
         let outgoing = Request::from_parts(parts, body);
 
         match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
-            Ok(Ok(response)) => {
-                let (mut parts, body) = response.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                // The client speaks its own HTTP version with the gateway, whatever the
-                // upstream spoke.
-                parts.version = http::Version::default();
-                if parts.status.is_server_error() {
-                    parts.extensions.insert(match self.on_5xx {
-                        UnknownOutcome::Store => Outcome::Store,
-                        UnknownOutcome::Keep => Outcome::Unknown,
-                        UnknownOutcome::Release => Outcome::Release,
-                    });
-                }
-                Response::from_parts(parts, Body::new(body))
-            }
+            Ok(Ok(response)) => self.relay(response),
             // The connection was never made: nothing reached the upstream, so the key is
             // released and a retry runs fresh.
             Ok(Err(e)) if e.is_connect() => {
@@ -273,5 +226,68 @@ impl Upstream {
                 self.on_timeout.as_outcome(),
             ),
         }
+    }
+
+    /// The upstream's URL for a request to `requested`: its path and query under the base.
+    fn upstream_uri(&self, requested: &Uri) -> Result<Uri, http::Error> {
+        let path = requested
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let base_path = self.base.path().trim_end_matches('/');
+        Uri::builder()
+            .scheme(self.base.scheme_str().unwrap_or("http"))
+            .authority(self.base.authority().map(|a| a.as_str()).unwrap_or(""))
+            .path_and_query(format!("{base_path}{path}"))
+            .build()
+    }
+
+    /// Rewrites the request's headers for the upstream: no hop-by-hop headers, who called
+    /// (`Forwarded` and the `X-Forwarded-*` headers), and the key as [`KeyForwarding`] says.
+    fn rewrite_headers(&self, parts: &mut http::request::Parts) {
+        let original_host = parts.headers.get(header::HOST).cloned();
+        strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::HOST);
+        let peer = parts.extensions.get::<Peer>().copied();
+        add_forwarding(&mut parts.headers, peer, original_host.as_ref());
+        if let Some(host) = original_host {
+            parts.headers.insert("x-forwarded-host", host);
+        }
+        let scope = parts.extensions.get::<Scope>();
+        match (self.forwarding, scope) {
+            (KeyForwarding::AsSent, _) => {}
+            (KeyForwarding::Derived, Some(scope)) => {
+                let derived = self.secret.hmac_hex(&[
+                    b"idem-forwarded-key",
+                    scope.account.as_str().as_bytes(),
+                    scope.key.as_str().as_bytes(),
+                ]);
+                parts.headers.insert(
+                    "idempotency-key",
+                    HeaderValue::from_str(&derived).expect("hex is a valid header value"),
+                );
+            }
+            (KeyForwarding::Derived, None) | (KeyForwarding::Drop, _) => {
+                parts.headers.remove("idempotency-key");
+            }
+        }
+    }
+
+    /// The upstream's answer as the client gets it: no hop-by-hop headers, the client's own
+    /// HTTP version, and a 5xx marked with the outcome configured for it.
+    fn relay(&self, response: Response<hyper::body::Incoming>) -> Response<Body> {
+        let (mut parts, body) = response.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        // The client speaks its own HTTP version with the gateway, whatever the upstream
+        // spoke.
+        parts.version = http::Version::default();
+        if parts.status.is_server_error() {
+            parts.extensions.insert(match self.on_5xx {
+                UnknownOutcome::Store => Outcome::Store,
+                UnknownOutcome::Keep => Outcome::Unknown,
+                UnknownOutcome::Release => Outcome::Release,
+            });
+        }
+        Response::from_parts(parts, Body::new(body))
     }
 }
