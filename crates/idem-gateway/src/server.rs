@@ -82,13 +82,13 @@ async fn accept_loop(
         match &acceptor {
             None => {
                 let peer = Peer { addr, tls };
-                let connection = graceful.watch(http1_connection(
+                let watched = graceful.watch(connection(
                     stream,
                     WithPeer::new(router, peer),
                     head_timeout,
                 ));
                 tokio::spawn(async move {
-                    let _ = connection.await;
+                    let _ = watched.await;
                 });
             }
             Some(acceptor) => {
@@ -105,7 +105,7 @@ async fn accept_loop(
                             .await;
                     } else {
                         let _ = watcher
-                            .watch(http1_connection(
+                            .watch(connection(
                                 stream,
                                 WithPeer::new(router, peer),
                                 head_timeout,
@@ -142,24 +142,14 @@ where
     builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
 }
 
-/// One client connection of the server loop: `router` on hyper's HTTP/1, closed when a request
-/// head does not arrive within `head_timeout`. Public so the fuzzer can feed it bytes from
-/// memory through exactly what a socket's bytes go through; its requests have no [`Peer`], so
-/// the gateway's forwarding headers name no client address for them.
+/// One client connection of the server loop: `service` (the router, with or without its
+/// connection's [`Peer`]) on hyper's HTTP/1, closed when a request head does not arrive within
+/// `head_timeout`. Public so the fuzzer can feed it bytes from memory through exactly what a
+/// socket's bytes go through; a bare router's requests have no [`Peer`], so the gateway's
+/// forwarding headers name no client address for them.
 pub fn connection<I>(
     io: I,
-    router: Router,
-    head_timeout: Duration,
-) -> http1::Connection<TokioIo<I>, TowerToHyperService<WithPeer>>
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    http1_connection(io, WithPeer { router, peer: None }, head_timeout)
-}
-
-fn http1_connection<I>(
-    io: I,
-    service: WithPeer,
+    service: impl Into<WithPeer>,
     head_timeout: Duration,
 ) -> http1::Connection<TokioIo<I>, TowerToHyperService<WithPeer>>
 where
@@ -172,7 +162,7 @@ where
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(head_timeout);
-    builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service))
+    builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service.into()))
 }
 
 /// Who is on the other end of a connection, for the gateway's forwarding headers.
@@ -197,6 +187,13 @@ impl WithPeer {
             router,
             peer: Some(peer),
         }
+    }
+}
+
+/// A router whose requests are told no [`Peer`] (a connection the server loop did not accept).
+impl From<Router> for WithPeer {
+    fn from(router: Router) -> Self {
+        Self { router, peer: None }
     }
 }
 
