@@ -166,36 +166,17 @@ async fn declare_on(
     check_topic(BROKER, topic)?;
     let queue = config.queue(group, topic);
     let dead_queue = config.dead_letter_queue(group, topic);
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..Default::default()
-    };
+    // The dead letters are routed by the name of the queue they come from.
+    declare_queue(
+        channel,
+        &dead_queue,
+        quorum_queue(),
+        config.dead_letter_exchange(),
+        &queue,
+    )
+    .await?;
 
-    let mut dead_args = FieldTable::default();
-    dead_args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    channel
-        .queue_declare(dead_queue.as_str().into(), durable, dead_args)
-        .await
-        .map_err(|e| err(format!("declaring the queue {dead_queue}"), e))?;
-    channel
-        .queue_bind(
-            dead_queue.as_str().into(),
-            config.dead_letter_exchange().into(),
-            queue.as_str().into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(|e| err(format!("binding the queue {dead_queue}"), e))?;
-
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
+    let mut args = quorum_queue();
     let limit = i64::from(config.delivery_limit.max(1) - 1);
     args.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
     args.insert(
@@ -206,15 +187,40 @@ async fn declare_on(
         "x-dead-letter-routing-key".into(),
         AMQPValue::LongString(queue.as_str().into()),
     );
+    declare_queue(channel, &queue, args, config.exchange(), topic).await
+}
+
+/// The arguments of a quorum queue.
+fn quorum_queue() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args
+}
+
+/// Declares the durable queue `queue` with `args` and binds it to `exchange` under `key`.
+async fn declare_queue(
+    channel: &Channel,
+    queue: &str,
+    args: FieldTable,
+    exchange: String,
+    key: &str,
+) -> Result<(), BrokerError> {
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
     channel
-        .queue_declare(queue.as_str().into(), durable, args)
+        .queue_declare(queue.into(), durable, args)
         .await
         .map_err(|e| err(format!("declaring the queue {queue}"), e))?;
     channel
         .queue_bind(
-            queue.as_str().into(),
-            config.exchange().into(),
-            topic.into(),
+            queue.into(),
+            exchange.into(),
+            key.into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )

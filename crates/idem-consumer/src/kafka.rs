@@ -26,7 +26,7 @@
 //! [`KafkaConfig::partitions`] partitions.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use rdkafka::{
@@ -127,6 +127,37 @@ fn err(context: impl Into<String>, source: KafkaError) -> BrokerError {
     BrokerError::new(BROKER, context, source)
 }
 
+/// Locks a std mutex of this adapter. Each holds plain bookkeeping that a panic cannot leave
+/// half-written, so a poisoned lock is used as it is.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Checks the broker's answer for each object (`what`: "topic", "group") of an admin request
+/// (`doing`: "creating", "deleting"): the code `fine` (the object was already there, or
+/// already gone) is not an error.
+fn check_admin_results(
+    results: Vec<Result<String, (String, RDKafkaErrorCode)>>,
+    fine: RDKafkaErrorCode,
+    doing: &str,
+    what: &str,
+) -> Result<(), BrokerError> {
+    for result in results {
+        match result {
+            Ok(_) => {}
+            Err((_, code)) if code == fine => {}
+            Err((name, code)) => {
+                return Err(BrokerError::new(
+                    BROKER,
+                    format!("{doing} the {what} {name}"),
+                    code,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Creates the topics that are missing; one that already exists is fine.
 async fn create_topics(config: &KafkaConfig, topics: &[String]) -> Result<(), BrokerError> {
     let admin = config.admin()?;
@@ -147,19 +178,12 @@ async fn create_topics(config: &KafkaConfig, topics: &[String]) -> Result<(), Br
         .create_topics(&new, &options)
         .await
         .map_err(|e| err(format!("creating the topics {topics:?}"), e))?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((topic, code)) => {
-                return Err(BrokerError::new(
-                    BROKER,
-                    format!("creating the topic {topic}"),
-                    code,
-                ));
-            }
-        }
-    }
-    Ok(())
+    check_admin_results(
+        results,
+        RDKafkaErrorCode::TopicAlreadyExists,
+        "creating",
+        "topic",
+    )
 }
 
 /// Sends a record and waits for its delivery report.
@@ -218,17 +242,14 @@ impl Publisher for KafkaPublisher {
     async fn publish(&self, message: &Message) -> Result<Published, BrokerError> {
         check_topic(BROKER, &message.topic)?;
         let topic = self.config.topic(&message.topic);
-        let known = self.created.lock().expect("not poisoned").contains(&topic);
+        let known = lock(&self.created).contains(&topic);
         if !known {
             create_topics(
                 &self.config,
                 &[topic.clone(), self.config.dead_letter_topic(&message.topic)],
             )
             .await?;
-            self.created
-                .lock()
-                .expect("not poisoned")
-                .insert(topic.clone());
+            lock(&self.created).insert(topic.clone());
         }
         produce(
             &self.producer,
@@ -401,7 +422,7 @@ impl Subscription for KafkaSubscription {
                 .detach();
             let (partition, offset) = (record.partition(), record.offset());
             let attempt = {
-                let mut tracker = self.tracker.lock().expect("not poisoned");
+                let mut tracker = lock(&self.tracker);
                 let state = tracker.entry(partition).or_default();
                 state.pending.insert(offset);
                 state.next = state.next.max(offset + 1);
@@ -480,7 +501,7 @@ impl KafkaDelivery {
     async fn done(self) -> Result<(), BrokerError> {
         let (partition, offset) = self.position();
         let commit = {
-            let mut tracker = self.tracker.lock().expect("not poisoned");
+            let mut tracker = lock(&self.tracker);
             let state = tracker.entry(partition).or_default();
             state.pending.remove(&offset);
             state.attempts.remove(&offset);
@@ -502,12 +523,7 @@ impl KafkaDelivery {
                 .map_err(|e| BrokerError::new(BROKER, "committing an offset", e))?;
         committed.map_err(|e| {
             // Not committed after all: a later ack will try again from the same point.
-            if let Some(state) = self
-                .tracker
-                .lock()
-                .expect("not poisoned")
-                .get_mut(&partition)
-            {
+            if let Some(state) = lock(&self.tracker).get_mut(&partition) {
                 state.committed = state.committed.min(to - 1);
             }
             err(
@@ -596,35 +612,22 @@ pub async fn delete(config: &KafkaConfig, group: &str, topic: &str) -> Result<()
         .delete_groups(&groups, &options)
         .await
         .map_err(|e| err(format!("deleting the groups {groups:?}"), e))?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::GroupIdNotFound)) => {}
-            Err((group, code)) => {
-                return Err(BrokerError::new(
-                    BROKER,
-                    format!("deleting the group {group}"),
-                    code,
-                ));
-            }
-        }
-    }
+    check_admin_results(
+        results,
+        RDKafkaErrorCode::GroupIdNotFound,
+        "deleting",
+        "group",
+    )?;
     let topics = [config.topic(topic), config.dead_letter_topic(topic)];
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
     let results = admin
         .delete_topics(&topics, &options)
         .await
         .map_err(|e| err(format!("deleting the topics {topics:?}"), e))?;
-    for result in results {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
-            Err((topic, code)) => {
-                return Err(BrokerError::new(
-                    BROKER,
-                    format!("deleting the topic {topic}"),
-                    code,
-                ));
-            }
-        }
-    }
-    Ok(())
+    check_admin_results(
+        results,
+        RDKafkaErrorCode::UnknownTopicOrPartition,
+        "deleting",
+        "topic",
+    )
 }

@@ -131,13 +131,18 @@ fn check_nats_topic(topic: &str) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// Connects and makes sure the namespace's stream exists.
-async fn open(config: &NatsConfig) -> Result<(Context, stream::Stream), BrokerError> {
+/// Checks the namespace and connects to JetStream.
+async fn connect(config: &NatsConfig) -> Result<Context, BrokerError> {
     check_plain_name(BROKER, "namespace", &config.namespace)?;
     let client = async_nats::connect(&config.url)
         .await
         .map_err(|e| BrokerError::new(BROKER, format!("connecting to {}", config.url), e))?;
-    let js = jetstream::new(client);
+    Ok(jetstream::new(client))
+}
+
+/// Connects and makes sure the namespace's stream exists.
+async fn open(config: &NatsConfig) -> Result<(Context, stream::Stream), BrokerError> {
+    let js = connect(config).await?;
     let name = config.stream_name();
     let stream = js
         .get_or_create_stream(stream::Config {
@@ -495,11 +500,7 @@ async fn dead_letter(
 /// Deletes the namespace's stream, with every message, dead letter and consumer in it. A
 /// stream that does not exist is not an error.
 pub async fn delete_namespace(config: &NatsConfig) -> Result<(), BrokerError> {
-    check_plain_name(BROKER, "namespace", &config.namespace)?;
-    let client = async_nats::connect(&config.url)
-        .await
-        .map_err(|e| BrokerError::new(BROKER, format!("connecting to {}", config.url), e))?;
-    let js = jetstream::new(client);
+    let js = connect(config).await?;
     let name = config.stream_name();
     match js.delete_stream(&name).await {
         Ok(_) => Ok(()),

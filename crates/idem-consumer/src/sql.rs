@@ -105,6 +105,117 @@ where
     })
 }
 
+// The statements written once for both databases. Their `$n` placeholders are PostgreSQL's;
+// SQLite reads them too (sqlx binds `$n` to the n-th argument there as well).
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const INSERT_PROCESSED: &str = "INSERT INTO processed_events (consumer, event_id, processed_at)
+     VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const INSERT_OUTBOX: &str =
+    "INSERT INTO outbox (event_id, topic, payload, created_at) VALUES ($1, $2, $3, $4)";
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const COUNT_PENDING: &str = "SELECT count(*) FROM outbox WHERE sent_at IS NULL";
+
+// Up to `$1` unsent rows, oldest first. (A macro, so that `concat!` can add PostgreSQL's lock.)
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+macro_rules! pending_sql {
+    () => {
+        "SELECT seq, event_id, topic, payload FROM outbox
+         WHERE sent_at IS NULL ORDER BY seq LIMIT $1"
+    };
+}
+
+/// The methods both databases implement alike, written once. What differs is passed in: the
+/// migrations' directory, the query of pending rows, and the batched deletes (`$1` the time
+/// before which rows go, `$2` the batch), each written in the database's own way of deleting
+/// a bounded batch.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+macro_rules! common_methods {
+    (
+        migrations: $migrations:tt,
+        pending: $pending:expr,
+        delete_processed_before: $delete_processed:expr,
+        delete_sent_before: $delete_sent:expr $(,)?
+    ) => {
+        async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
+            let mut migrator = sqlx::migrate!($migrations);
+            migrator.dangerous_set_table_name("idem_consumer_migrations");
+            migrator.run(pool).await
+        }
+
+        async fn insert_processed<'c>(
+            conn: &'c mut Self::Connection,
+            consumer: &'c str,
+            event: &'c EventId,
+            now_ms: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(INSERT_PROCESSED)
+                .bind(consumer)
+                .bind(event.as_str())
+                .bind(now_ms)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn delete_processed_before(
+            pool: &Pool<Self>,
+            before_ms: i64,
+            batch: i64,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query($delete_processed)
+                .bind(before_ms)
+                .bind(batch)
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn insert_outbox<'c>(
+            conn: &'c mut Self::Connection,
+            message: &'c Message,
+            now_ms: i64,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(INSERT_OUTBOX)
+                .bind(message.id.as_str())
+                .bind(&message.topic)
+                .bind(&message.payload)
+                .bind(now_ms)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn pending(
+            conn: &mut Self::Connection,
+            limit: i64,
+        ) -> Result<Vec<PendingEvent>, sqlx::Error> {
+            let rows = sqlx::query($pending).bind(limit).fetch_all(conn).await?;
+            rows.iter().map(pending_from_row).collect()
+        }
+
+        async fn delete_sent_before(
+            pool: &Pool<Self>,
+            before_ms: i64,
+            batch: i64,
+        ) -> Result<u64, sqlx::Error> {
+            let done = sqlx::query($delete_sent)
+                .bind(before_ms)
+                .bind(batch)
+                .execute(pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn count_pending(pool: &Pool<Self>) -> Result<i64, sqlx::Error> {
+            sqlx::query_scalar(COUNT_PENDING).fetch_one(pool).await
+        }
+    };
+}
+
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::*;
@@ -115,82 +226,20 @@ mod sqlite {
     impl Database for Sqlite {
         const LOCKS_PENDING: bool = false;
 
-        async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
-            let mut migrator = sqlx::migrate!("migrations/sqlite");
-            migrator.dangerous_set_table_name("idem_consumer_migrations");
-            migrator.run(pool).await
+        common_methods! {
+            migrations: "migrations/sqlite",
+            pending: pending_sql!(),
+            // A WITHOUT ROWID table: delete by the key.
+            delete_processed_before: "DELETE FROM processed_events WHERE (consumer, event_id) IN
+                (SELECT consumer, event_id FROM processed_events WHERE processed_at < $1 LIMIT $2)",
+            delete_sent_before: "DELETE FROM outbox WHERE seq IN
+                (SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < $1 LIMIT $2)",
         }
 
         async fn begin_write(
             pool: &Pool<Self>,
         ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
             pool.begin_with("BEGIN IMMEDIATE").await
-        }
-
-        async fn insert_processed<'c>(
-            conn: &'c mut SqliteConnection,
-            consumer: &'c str,
-            event: &'c EventId,
-            now_ms: i64,
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(
-                "INSERT INTO processed_events (consumer, event_id, processed_at)
-                 VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-            )
-            .bind(consumer)
-            .bind(event.as_str())
-            .bind(now_ms)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
-        async fn delete_processed_before(
-            pool: &Pool<Self>,
-            before_ms: i64,
-            batch: i64,
-        ) -> Result<u64, sqlx::Error> {
-            // A WITHOUT ROWID table: delete by the key.
-            let done = sqlx::query(
-                "DELETE FROM processed_events WHERE (consumer, event_id) IN
-                 (SELECT consumer, event_id FROM processed_events WHERE processed_at < ?1 LIMIT ?2)",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(pool)
-            .await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn insert_outbox<'c>(
-            conn: &'c mut SqliteConnection,
-            message: &'c Message,
-            now_ms: i64,
-        ) -> Result<(), sqlx::Error> {
-            sqlx::query(
-                "INSERT INTO outbox (event_id, topic, payload, created_at) VALUES (?1, ?2, ?3, ?4)",
-            )
-            .bind(message.id.as_str())
-            .bind(&message.topic)
-            .bind(&message.payload)
-            .bind(now_ms)
-            .execute(conn)
-            .await?;
-            Ok(())
-        }
-
-        async fn pending(
-            conn: &mut SqliteConnection,
-            limit: i64,
-        ) -> Result<Vec<PendingEvent>, sqlx::Error> {
-            let rows = sqlx::query(
-                "SELECT seq, event_id, topic, payload FROM outbox
-                 WHERE sent_at IS NULL ORDER BY seq LIMIT ?1",
-            )
-            .bind(limit)
-            .fetch_all(conn)
-            .await?;
-            rows.iter().map(pending_from_row).collect()
         }
 
         async fn mark_sent<'c>(
@@ -201,35 +250,13 @@ mod sqlite {
             // One statement per row: SQLite has no array parameter, and these run inside one
             // short transaction.
             for seq in seqs {
-                sqlx::query("UPDATE outbox SET sent_at = ?1 WHERE seq = ?2 AND sent_at IS NULL")
+                sqlx::query("UPDATE outbox SET sent_at = $1 WHERE seq = $2 AND sent_at IS NULL")
                     .bind(now_ms)
                     .bind(seq)
                     .execute(&mut *conn)
                     .await?;
             }
             Ok(())
-        }
-
-        async fn delete_sent_before(
-            pool: &Pool<Self>,
-            before_ms: i64,
-            batch: i64,
-        ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(
-                "DELETE FROM outbox WHERE seq IN
-                 (SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < ?1 LIMIT ?2)",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(pool)
-            .await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn count_pending(pool: &Pool<Self>) -> Result<i64, sqlx::Error> {
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-                .fetch_one(pool)
-                .await
         }
     }
 }
@@ -244,82 +271,19 @@ mod postgres {
     impl Database for Postgres {
         const LOCKS_PENDING: bool = true;
 
-        async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
-            let mut migrator = sqlx::migrate!("migrations/postgres");
-            migrator.dangerous_set_table_name("idem_consumer_migrations");
-            migrator.run(pool).await
+        common_methods! {
+            migrations: "migrations/postgres",
+            pending: concat!(pending_sql!(), " FOR UPDATE SKIP LOCKED"),
+            delete_processed_before: "DELETE FROM processed_events WHERE ctid = ANY (ARRAY(
+                SELECT ctid FROM processed_events WHERE processed_at < $1 LIMIT $2))",
+            delete_sent_before: "DELETE FROM outbox WHERE seq = ANY (ARRAY(
+                SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < $1 LIMIT $2))",
         }
 
         async fn begin_write(
             pool: &Pool<Self>,
         ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
             pool.begin().await
-        }
-
-        async fn insert_processed<'c>(
-            conn: &'c mut PgConnection,
-            consumer: &'c str,
-            event: &'c EventId,
-            now_ms: i64,
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(
-                "INSERT INTO processed_events (consumer, event_id, processed_at)
-                 VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-            )
-            .bind(consumer)
-            .bind(event.as_str())
-            .bind(now_ms)
-            .execute(conn)
-            .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
-        async fn delete_processed_before(
-            pool: &Pool<Self>,
-            before_ms: i64,
-            batch: i64,
-        ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(
-                "DELETE FROM processed_events WHERE ctid = ANY (ARRAY(
-                     SELECT ctid FROM processed_events WHERE processed_at < $1 LIMIT $2))",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(pool)
-            .await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn insert_outbox<'c>(
-            conn: &'c mut PgConnection,
-            message: &'c Message,
-            now_ms: i64,
-        ) -> Result<(), sqlx::Error> {
-            sqlx::query(
-                "INSERT INTO outbox (event_id, topic, payload, created_at) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(message.id.as_str())
-            .bind(&message.topic)
-            .bind(&message.payload)
-            .bind(now_ms)
-            .execute(conn)
-            .await?;
-            Ok(())
-        }
-
-        async fn pending(
-            conn: &mut PgConnection,
-            limit: i64,
-        ) -> Result<Vec<PendingEvent>, sqlx::Error> {
-            let rows = sqlx::query(
-                "SELECT seq, event_id, topic, payload FROM outbox
-                 WHERE sent_at IS NULL ORDER BY seq LIMIT $1
-                 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(limit)
-            .fetch_all(conn)
-            .await?;
-            rows.iter().map(pending_from_row).collect()
         }
 
         async fn mark_sent<'c>(
@@ -333,28 +297,6 @@ mod postgres {
                 .execute(conn)
                 .await?;
             Ok(())
-        }
-
-        async fn delete_sent_before(
-            pool: &Pool<Self>,
-            before_ms: i64,
-            batch: i64,
-        ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query(
-                "DELETE FROM outbox WHERE seq = ANY (ARRAY(
-                     SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < $1 LIMIT $2))",
-            )
-            .bind(before_ms)
-            .bind(batch)
-            .execute(pool)
-            .await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn count_pending(pool: &Pool<Self>) -> Result<i64, sqlx::Error> {
-            sqlx::query_scalar("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
-                .fetch_one(pool)
-                .await
         }
     }
 }

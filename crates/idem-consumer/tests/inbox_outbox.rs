@@ -63,6 +63,11 @@ macro_rules! suite {
     ($db:ty, $pool:expr) => {
         use super::*;
 
+        /// What the count query `sql` answers.
+        async fn count(pool: &Pool<$db>, sql: &'static str) -> i64 {
+            sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+        }
+
         #[tokio::test]
         async fn the_inbox_applies_an_event_once_however_often_it_arrives() {
             let (pool, _guard) = $pool;
@@ -91,10 +96,7 @@ macro_rules! suite {
                 }
             }
             assert_eq!(applied, 1);
-            let effects: i64 = sqlx::query_scalar("SELECT count(*) FROM effects")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+            let effects = count(&pool, "SELECT count(*) FROM effects").await;
             assert_eq!(effects, 1);
             // Another consumer has an inbox of its own: it applies the event too.
             let other = Inbox::new("analytics");
@@ -180,10 +182,7 @@ macro_rules! suite {
                 .await
                 .unwrap();
             assert_eq!(deleted, 20);
-            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_events")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+            let left = count(&pool, "SELECT count(*) FROM processed_events").await;
             assert_eq!(left, 5);
         }
 
@@ -239,10 +238,7 @@ macro_rules! suite {
             let deleted = relay.expire_sent(Duration::ZERO, 8).await.unwrap();
             assert_eq!(deleted, 20);
             assert_eq!(pending(&relay).await, 10);
-            let total: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
+            let total = count(&pool, "SELECT count(*) FROM outbox").await;
             assert_eq!(total, 10);
         }
     };

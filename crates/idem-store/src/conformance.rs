@@ -16,19 +16,22 @@ use idem_core::{
 };
 
 use crate::{
-    AdminStore, ClaimOutcome, NewClaim, RecordFilter, Store, TransactionalStore, TxClaim, sweep_all,
+    AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
+    TxClaim, sweep_all,
 };
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
 
-fn scope(account: &str, key: &str) -> Scope {
+/// The scope of `key` in `account` (a test key: it must be valid).
+pub fn scope(account: &str, key: &str) -> Scope {
     Scope::new(
         AccountId::new(account),
         IdempotencyKey::new(key, KeyLimits::default()).expect("valid test key"),
     )
 }
 
-fn fingerprint(body: &str) -> Fingerprint {
+/// The fingerprint of a `POST /payments` with the JSON `body`.
+pub fn fingerprint(body: &str) -> Fingerprint {
     Fingerprint::compute(&RequestParts {
         account: "acct_a",
         method: "POST",
@@ -60,6 +63,47 @@ fn claim_at(scope: &Scope, fp: Fingerprint, token: i64, now: Timestamp) -> NewCl
         now,
         &Policy::default(),
     )
+}
+
+/// Claims `key` for the request `fp` with `token` at `now`, and checks that the claim won.
+async fn claims<S: Store>(store: &S, key: &Scope, fp: Fingerprint, token: i64, now: Timestamp) {
+    assert_eq!(
+        store.claim(&claim_at(key, fp, token, now)).await.unwrap(),
+        ClaimOutcome::Claimed,
+        "the claim of {key:?} with token {token} wins"
+    );
+}
+
+/// Whether the holder of `token` stored the response `body` for `key`.
+async fn completes<S: Store>(store: &S, key: &Scope, token: i64, body: &str) -> bool {
+    store
+        .complete(key, FencingToken(token), &response(body))
+        .await
+        .unwrap()
+}
+
+/// Checks that `result` is [`Error::Unavailable`], what the layer answers with `503`.
+#[track_caller]
+pub fn assert_unavailable<T: std::fmt::Debug>(result: Result<T>) {
+    match result {
+        Err(Error::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// The sweeper's boundary, exact to the millisecond: a completed record expiring at E is kept
+/// by a sweep at E - 1 ms and deleted by one at E. Called by the tests of backends that store
+/// times in another form than the claim's milliseconds, on a store that holds nothing else.
+pub async fn sweep_boundary_is_exact<S: Store>(store: &S) {
+    let key = scope("acct_a", "boundary-key1");
+    let mut boundary = claim_at(&key, fingerprint("{}"), 1, Timestamp(1_800_000_000_123));
+    boundary.lease_until = Timestamp(1_800_000_000_124);
+    boundary.expires_at = Timestamp(1_800_000_000_457);
+    assert_eq!(store.claim(&boundary).await.unwrap(), ClaimOutcome::Claimed);
+    assert!(completes(store, &key, 1, "{}").await);
+    let (before, at) = (Timestamp(1_800_000_000_456), Timestamp(1_800_000_000_457));
+    assert_eq!(store.sweep(before, 10).await.unwrap(), 0);
+    assert_eq!(store.sweep(at, 10).await.unwrap(), 1);
 }
 
 /// 64 tasks claim one key at once: exactly one wins, every other sees its record.
@@ -95,17 +139,10 @@ pub async fn claim_race_has_one_winner<S: Store>(store: S) {
 pub async fn completed_record_replays<S: Store>(store: S) {
     let key = scope("acct_a", "replay-key-01");
     let fp = fingerprint(r#"{"amount":1}"#);
-    assert_eq!(
-        store.claim(&claim_at(&key, fp, 7, T0)).await.unwrap(),
-        ClaimOutcome::Claimed
-    );
-    let stored = response("{\"id\":\"pay_1\"}");
-    assert!(
-        store
-            .complete(&key, FencingToken(7), &stored)
-            .await
-            .unwrap()
-    );
+    claims(&store, &key, fp, 7, T0).await;
+    let body = r#"{"id":"pay_1"}"#;
+    let stored = response(body);
+    assert!(completes(&store, &key, 7, body).await);
     let record = store.get(&key).await.unwrap().expect("record exists");
     assert_eq!(record.fingerprint, fp);
     assert_eq!(decide(Some(&record), &fp, T0), Decision::Replay(&stored));
@@ -122,14 +159,8 @@ pub async fn mismatch_leaves_record_untouched<S: Store>(store: S) {
     let key = scope("acct_a", "mismatch-key1");
     let fp = fingerprint(r#"{"amount":1}"#);
     let other = fingerprint(r#"{"amount":2}"#);
-    store.claim(&claim_at(&key, fp, 1, T0)).await.unwrap();
-    let stored = response("{}");
-    assert!(
-        store
-            .complete(&key, FencingToken(1), &stored)
-            .await
-            .unwrap()
-    );
+    claims(&store, &key, fp, 1, T0).await;
+    assert!(completes(&store, &key, 1, "{}").await);
     match store.claim(&claim_at(&key, other, 2, T0)).await.unwrap() {
         ClaimOutcome::Existing(record) => {
             assert_eq!(decide(Some(&record), &other, T0), Decision::Mismatch)
@@ -138,29 +169,17 @@ pub async fn mismatch_leaves_record_untouched<S: Store>(store: S) {
     }
     let record = store.get(&key).await.unwrap().unwrap();
     assert_eq!(record.fingerprint, fp);
-    assert_eq!(record.state, RecordState::Completed(stored));
+    assert_eq!(record.state, RecordState::Completed(response("{}")));
 
-    let elsewhere = scope("acct_b", "mismatch-key1");
-    assert_eq!(
-        store
-            .claim(&claim_at(&elsewhere, other, 3, T0))
-            .await
-            .unwrap(),
-        ClaimOutcome::Claimed
-    );
+    claims(&store, &scope("acct_b", "mismatch-key1"), other, 3, T0).await;
 }
 
 /// Only the holder of the current fencing token may store an outcome, renew or release.
 pub async fn fencing_token_guards_the_outcome<S: Store>(store: S) {
     let key = scope("acct_a", "fenced-key-01");
     let fp = fingerprint("{}");
-    store.claim(&claim_at(&key, fp, 10, T0)).await.unwrap();
-    assert!(
-        !store
-            .complete(&key, FencingToken(11), &response("x"))
-            .await
-            .unwrap()
-    );
+    claims(&store, &key, fp, 10, T0).await;
+    assert!(!completes(&store, &key, 11, "x").await);
     assert!(
         !store
             .renew(&key, FencingToken(11), T0.plus(Duration::from_secs(60)))
@@ -175,19 +194,9 @@ pub async fn fencing_token_guards_the_outcome<S: Store>(store: S) {
             ..
         }
     ));
-    assert!(
-        store
-            .complete(&key, FencingToken(10), &response("ok"))
-            .await
-            .unwrap()
-    );
+    assert!(completes(&store, &key, 10, "ok").await);
     // A completed record can be neither completed again nor released.
-    assert!(
-        !store
-            .complete(&key, FencingToken(10), &response("again"))
-            .await
-            .unwrap()
-    );
+    assert!(!completes(&store, &key, 10, "again").await);
     assert!(!store.release(&key, FencingToken(10)).await.unwrap());
 }
 
@@ -197,7 +206,7 @@ pub async fn lease_expiry_and_renewal<S: Store>(store: S) {
     let key = scope("acct_a", "lease-key-001");
     let fp = fingerprint("{}");
     let lease = Policy::default().lease;
-    store.claim(&claim_at(&key, fp, 1, T0)).await.unwrap();
+    claims(&store, &key, fp, 1, T0).await;
 
     // Within the lease: in flight.
     let mid = T0.plus(lease / 2);
@@ -248,22 +257,9 @@ pub async fn lease_expiry_and_renewal<S: Store>(store: S) {
         ClaimOutcome::Claimed => panic!("took over although take-over was not allowed"),
     }
     // ... but the same request may, and the old holder is fenced out.
-    assert_eq!(
-        store.claim(&claim_at(&key, fp, 6, after)).await.unwrap(),
-        ClaimOutcome::Claimed
-    );
-    assert!(
-        !store
-            .complete(&key, FencingToken(1), &response("old"))
-            .await
-            .unwrap()
-    );
-    assert!(
-        store
-            .complete(&key, FencingToken(6), &response("new"))
-            .await
-            .unwrap()
-    );
+    claims(&store, &key, fp, 6, after).await;
+    assert!(!completes(&store, &key, 1, "old").await);
+    assert!(completes(&store, &key, 6, "new").await);
 }
 
 /// A record past its retention is new again; a released key is new at once.
@@ -271,11 +267,8 @@ pub async fn retention_and_release<S: Store>(store: S) {
     let key = scope("acct_a", "retained-key1");
     let fp = fingerprint("{}");
     let retention = Policy::default().retention;
-    store.claim(&claim_at(&key, fp, 1, T0)).await.unwrap();
-    store
-        .complete(&key, FencingToken(1), &response("first"))
-        .await
-        .unwrap();
+    claims(&store, &key, fp, 1, T0).await;
+    assert!(completes(&store, &key, 1, "first").await);
 
     let before = T0.plus(retention - Duration::from_secs(1));
     assert!(matches!(
@@ -284,26 +277,14 @@ pub async fn retention_and_release<S: Store>(store: S) {
     ));
     let at_expiry = T0.plus(retention);
     let different = fingerprint(r#"{"new":true}"#);
-    assert_eq!(
-        store
-            .claim(&claim_at(&key, different, 3, at_expiry))
-            .await
-            .unwrap(),
-        ClaimOutcome::Claimed
-    );
+    claims(&store, &key, different, 3, at_expiry).await;
     let record = store.get(&key).await.unwrap().unwrap();
     assert_eq!(record.fingerprint, different);
     assert_eq!(record.created_at, at_expiry);
 
     assert!(store.release(&key, FencingToken(3)).await.unwrap());
     assert_eq!(store.get(&key).await.unwrap(), None);
-    assert_eq!(
-        store
-            .claim(&claim_at(&key, fp, 4, at_expiry))
-            .await
-            .unwrap(),
-        ClaimOutcome::Claimed
-    );
+    claims(&store, &key, fp, 4, at_expiry).await;
 }
 
 /// The sweeper deletes expired records in bounded batches, keeps live ones and in-progress
@@ -313,19 +294,13 @@ pub async fn sweep_deletes_expired_in_batches<S: Store>(store: S) {
     let policy = Policy::default();
     for i in 0..250 {
         let key = scope("acct_a", &format!("old-key-{i:05}"));
-        store.claim(&claim_at(&key, fp, 1, T0)).await.unwrap();
-        store
-            .complete(&key, FencingToken(1), &response("{}"))
-            .await
-            .unwrap();
+        claims(&store, &key, fp, 1, T0).await;
+        assert!(completes(&store, &key, 1, "{}").await);
     }
     let later = T0.plus(policy.retention / 2);
     let fresh = scope("acct_a", "fresh-key-001");
-    store.claim(&claim_at(&fresh, fp, 1, later)).await.unwrap();
-    store
-        .complete(&fresh, FencingToken(1), &response("{}"))
-        .await
-        .unwrap();
+    claims(&store, &fresh, fp, 1, later).await;
+    assert!(completes(&store, &fresh, 1, "{}").await);
     // In progress past its retention but with a lease still running (a very long call).
     let long = scope("acct_a", "long-call-001");
     let mut claim = claim_at(&long, fp, 1, T0);
@@ -426,28 +401,49 @@ pub async fn transaction_wait_is_bounded<S: TransactionalStore>(store: S) {
 /// Operators list records by account, state and expired lease, purge one, and complete an
 /// in-progress one whatever its token.
 pub async fn admin_lists_purges_and_force_completes<S: AdminStore>(store: S) {
-    let fp = fingerprint("{}");
-    let lease = Policy::default().lease;
-    let done = scope("acct_a", "admin-done-001");
-    let running = scope("acct_a", "admin-running-1");
-    let other = scope("acct_b", "admin-other-01");
-    store.claim(&claim_at(&done, fp, 1, T0)).await.unwrap();
-    store
-        .complete(&done, FencingToken(1), &response("{}"))
-        .await
-        .unwrap();
-    store
-        .claim(&claim_at(&running, fp, 2, T0.plus(Duration::from_secs(1))))
-        .await
-        .unwrap();
-    store
-        .claim(&claim_at(&other, fp, 3, T0.plus(Duration::from_secs(2))))
-        .await
-        .unwrap();
+    let records = AdminRecords::store(&store).await;
+    lists_by_account_state_lease_and_limit(&store, &records).await;
+    force_completes_only_in_progress_records(&store, &records).await;
+    purges_once(&store, &records.done).await;
+}
 
+/// The admin checks' records: one completed and one in progress in `acct_a`, one in progress
+/// in `acct_b`, claimed a second apart in that order.
+struct AdminRecords {
+    done: Scope,
+    running: Scope,
+    other: Scope,
+}
+
+impl AdminRecords {
+    async fn store<S: Store>(store: &S) -> Self {
+        let fp = fingerprint("{}");
+        let records = Self {
+            done: scope("acct_a", "admin-done-001"),
+            running: scope("acct_a", "admin-running-1"),
+            other: scope("acct_b", "admin-other-01"),
+        };
+        claims(store, &records.done, fp, 1, T0).await;
+        assert!(completes(store, &records.done, 1, "{}").await);
+        let second = T0.plus(Duration::from_secs(1));
+        claims(store, &records.running, fp, 2, second).await;
+        claims(
+            store,
+            &records.other,
+            fp,
+            3,
+            T0.plus(Duration::from_secs(2)),
+        )
+        .await;
+        records
+    }
+}
+
+async fn lists_by_account_state_lease_and_limit<S: AdminStore>(store: &S, records: &AdminRecords) {
+    let lease = Policy::default().lease;
     let all = store.list(&RecordFilter::default()).await.unwrap();
     assert_eq!(all.len(), 3);
-    assert_eq!(all[0].scope, other, "newest first");
+    assert_eq!(all[0].scope, records.other, "newest first");
     let mine = RecordFilter {
         account: Some(AccountId::new("acct_a")),
         ..Default::default()
@@ -468,46 +464,53 @@ pub async fn admin_lists_purges_and_force_completes<S: AdminStore>(store: S) {
         .await
         .unwrap();
     assert_eq!(expired.len(), 1);
-    assert_eq!(expired[0].scope, running);
+    assert_eq!(expired[0].scope, records.running);
     let limited = RecordFilter {
         limit: 1,
         ..Default::default()
     };
     assert_eq!(store.list(&limited).await.unwrap().len(), 1);
+}
 
+async fn force_completes_only_in_progress_records<S: AdminStore>(
+    store: &S,
+    records: &AdminRecords,
+) {
+    let (done, running) = (&records.done, &records.running);
+    let none = scope("acct_a", "admin-none-001");
     assert!(
         store
-            .force_complete(&running, &response("operator"))
+            .force_complete(running, &response("operator"))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .force_complete(&done, &response("again"))
+            .force_complete(done, &response("again"))
             .await
             .unwrap()
     );
     assert!(
         !store
-            .force_complete(&scope("acct_a", "admin-none-001"), &response("none"))
+            .force_complete(&none, &response("none"))
             .await
             .unwrap()
     );
     assert!(matches!(
-        store.get(&running).await.unwrap().unwrap().state,
+        store.get(running).await.unwrap().unwrap().state,
         RecordState::Completed(ref r) if r.body == b"operator"
     ));
     assert!(matches!(
-        store.get(&done).await.unwrap().unwrap().state,
+        store.get(done).await.unwrap().unwrap().state,
         RecordState::Completed(ref r) if r.body == b"{}"
     ));
-    assert_eq!(
-        store.get(&scope("acct_a", "admin-none-001")).await.unwrap(),
-        None
-    );
-    assert!(store.purge(&done).await.unwrap());
-    assert!(!store.purge(&done).await.unwrap());
-    assert_eq!(store.get(&done).await.unwrap(), None);
+    assert_eq!(store.get(&none).await.unwrap(), None);
+}
+
+async fn purges_once<S: AdminStore>(store: &S, done: &Scope) {
+    assert!(store.purge(done).await.unwrap());
+    assert!(!store.purge(done).await.unwrap());
+    assert_eq!(store.get(done).await.unwrap(), None);
 }
 
 /// Instantiates the [`Store`] conformance suite. `$make` is an async expression that yields

@@ -161,6 +161,16 @@ impl FaultRelay {
         })
     }
 
+    /// [`FaultRelay::start`] in front of `host:port`, resolved first (a test server's URL may
+    /// name `localhost`).
+    pub async fn start_to(host: &str, port: u16, seed: u64) -> std::io::Result<Self> {
+        let target = tokio::net::lookup_host((host, port))
+            .await?
+            .next()
+            .ok_or_else(|| std::io::Error::other(format!("{host} resolves to no address")))?;
+        Self::start(target, seed).await
+    }
+
     /// Where clients connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -24,7 +24,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgExecutor, Postgres, Row};
 use tokio::time::Instant;
 
-use crate::sql::{RecordColumns, ResponseColumns, stored_scope};
+use crate::sql::{RecordColumns, ResponseColumns, bind_claim, bind_filter, bind_scope, row_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
     TxClaim, is_unavailable,
@@ -257,15 +257,7 @@ async fn claim_on<'e>(
     } else {
         CLAIM
     };
-    let mut query = sqlx::query(statement)
-        .bind(claim.scope.account.as_str())
-        .bind(claim.scope.key.as_str())
-        .bind(&claim.fingerprint.as_bytes()[..])
-        .bind(claim.now.0)
-        .bind(claim.expires_at.0)
-        .bind(claim.lease_until.0)
-        .bind(claim.token.0)
-        .bind(claim.take_over_expired_lease);
+    let mut query = bind_claim(sqlx::query(statement), claim);
     if let Some(lock_wait) = lock_wait {
         query = query.bind(lock_wait);
     }
@@ -274,9 +266,7 @@ async fn claim_on<'e>(
 }
 
 async fn get_on<'e>(ex: impl PgExecutor<'e>, scope: &Scope) -> Result<Option<Record>> {
-    let row = sqlx::query(SELECT)
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
+    let row = bind_scope(sqlx::query(SELECT), scope)
         .fetch_optional(ex)
         .await?;
     row.map(|row| record_from_row(scope, &row)).transpose()
@@ -291,9 +281,7 @@ async fn complete_on<'e>(
     response: &StoredResponse,
 ) -> Result<bool> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-    let done = sqlx::query(COMPLETE)
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
+    let done = bind_scope(sqlx::query(COMPLETE), scope)
         .bind(token.map(|token| token.0))
         .bind(i32::from(response.status))
         .bind(headers)
@@ -305,15 +293,7 @@ async fn complete_on<'e>(
 }
 
 fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record> {
-    let columns = RecordColumns {
-        request_hash: row.try_get("request_hash")?,
-        status: row.try_get("status")?,
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-        lease_until: row.try_get("lease_until")?,
-        fencing_token: row.try_get("fencing_token")?,
-    };
-    columns.into_record(scope, || {
+    RecordColumns::read(row)?.into_record(scope, || {
         Ok(ResponseColumns {
             // `int` in PostgreSQL.
             code: row.try_get::<i32, _>("response_code")?.into(),
@@ -358,9 +338,7 @@ impl Store for PgStore {
         token: FencingToken,
         lease_until: Timestamp,
     ) -> Result<bool> {
-        let done = sqlx::query(RENEW)
-            .bind(scope.account.as_str())
-            .bind(scope.key.as_str())
+        let done = bind_scope(sqlx::query(RENEW), scope)
             .bind(token.0)
             .bind(lease_until.0)
             .execute(&self.pool)
@@ -369,9 +347,7 @@ impl Store for PgStore {
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
-        let done = sqlx::query(RELEASE)
-            .bind(scope.account.as_str())
-            .bind(scope.key.as_str())
+        let done = bind_scope(sqlx::query(RELEASE), scope)
             .bind(token.0)
             .execute(&self.pool)
             .await?;
@@ -451,7 +427,7 @@ impl TransactionalStore for PgStore {
 
 impl AdminStore for PgStore {
     async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>> {
-        let rows = sqlx::query(
+        let list = sqlx::query(
             "SELECT account_id, idem_key, request_hash, status, response_code,
                     response_headers::text AS response_headers, response_body, body_omitted,
                     (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
@@ -465,29 +441,17 @@ impl AdminStore for PgStore {
                     <= to_timestamp($3 / 1000) + ($3 % 1000) * interval '1 millisecond'))
              ORDER BY created_at DESC
              LIMIT $4",
-        )
-        .bind(filter.account.as_ref().map(|a| a.as_str()))
-        .bind(filter.state())
-        .bind(filter.lease_expired_by.map(|t| t.0))
-        .bind(filter.limit())
-        .fetch_all(&self.pool)
-        .await?;
+        );
+        let rows = bind_filter(list, filter).fetch_all(&self.pool).await?;
         rows.iter()
-            .map(|row| {
-                let account: String = row.try_get("account_id")?;
-                let key: String = row.try_get("idem_key")?;
-                record_from_row(&stored_scope(account, key)?, row)
-            })
+            .map(|row| record_from_row(&row_scope(row)?, row))
             .collect()
     }
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
-        let done =
-            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2")
-                .bind(scope.account.as_str())
-                .bind(scope.key.as_str())
-                .execute(&self.pool)
-                .await?;
+        let purge =
+            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2");
+        let done = bind_scope(purge, scope).execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
     }
 

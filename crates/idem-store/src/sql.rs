@@ -1,12 +1,50 @@
-//! What the SQL backends share: the record a row's decoded columns make, and the scope of a
-//! row read back without one. Each backend decodes its own row type into these columns.
+//! What the SQL backends share: the parameters their statements bind in the same order, the
+//! record a row's columns make, and the scope of a row read back without one. Written over
+//! sqlx's generic `Query` and `Row`, for the types that both SQLite and PostgreSQL encode and
+//! decode alike; what they store differently (the response code's width) each backend reads
+//! itself.
 
 use idem_core::{
     AccountId, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Record, RecordState, Scope,
     StoredResponse, Timestamp,
 };
 
-use crate::{Error, Result};
+use sqlx::query::Query;
+use sqlx::{ColumnIndex, Decode, Encode, Row, Type};
+
+use crate::{Error, NewClaim, RecordFilter, Result};
+
+/// A query on `DB`, as `sqlx::query` makes it.
+type DbQuery<'q, DB> = Query<'q, DB, <DB as sqlx::Database>::Arguments>;
+
+/// Binds a scope's account and key: the first two parameters of every statement on one record.
+pub(crate) fn bind_scope<'q, DB>(query: DbQuery<'q, DB>, scope: &Scope) -> DbQuery<'q, DB>
+where
+    DB: sqlx::Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+{
+    query.bind(scope.account.as_str()).bind(scope.key.as_str())
+}
+
+/// Binds a claim's parameters in the order both backends' claim statements number them: the
+/// scope, the request hash, the claim's now, expiry, lease and token, then whether it may take
+/// over a stale claim of the same request.
+pub(crate) fn bind_claim<'q, DB>(query: DbQuery<'q, DB>, claim: &NewClaim) -> DbQuery<'q, DB>
+where
+    DB: sqlx::Database,
+    for<'t> &'t str: Encode<'t, DB> + Type<DB>,
+    for<'t> &'t [u8]: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+    for<'t> bool: Encode<'t, DB> + Type<DB>,
+{
+    bind_scope(query, &claim.scope)
+        .bind(&claim.fingerprint.as_bytes()[..])
+        .bind(claim.now.0)
+        .bind(claim.expires_at.0)
+        .bind(claim.lease_until.0)
+        .bind(claim.token.0)
+        .bind(claim.take_over_expired_lease)
+}
 
 /// The columns of a record's row that are never NULL, as a backend decoded them.
 #[derive(Debug)]
@@ -28,7 +66,41 @@ pub(crate) struct ResponseColumns {
     pub(crate) body_omitted: bool,
 }
 
+/// Binds a listing's filter in the order both backends' `list` statements number it: the
+/// account, the state, the time by which a lease must have run out, then the limit.
+pub(crate) fn bind_filter<'q, DB>(query: DbQuery<'q, DB>, filter: &RecordFilter) -> DbQuery<'q, DB>
+where
+    DB: sqlx::Database,
+    for<'t> Option<&'t str>: Encode<'t, DB> + Type<DB>,
+    for<'t> Option<i64>: Encode<'t, DB> + Type<DB>,
+    for<'t> i64: Encode<'t, DB> + Type<DB>,
+{
+    query
+        .bind(filter.account.as_ref().map(|a| a.as_str()))
+        .bind(filter.state())
+        .bind(filter.lease_expired_by.map(|t| t.0))
+        .bind(filter.limit())
+}
+
 impl RecordColumns {
+    /// Reads the columns from a row of `idempotency_keys` (times as Unix milliseconds).
+    pub(crate) fn read<R: Row>(row: &R) -> Result<Self>
+    where
+        for<'r> &'r str: ColumnIndex<R>,
+        for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+        for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+        for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    {
+        Ok(Self {
+            request_hash: row.try_get("request_hash")?,
+            status: row.try_get("status")?,
+            created_at: row.try_get("created_at")?,
+            expires_at: row.try_get("expires_at")?,
+            lease_until: row.try_get("lease_until")?,
+            fencing_token: row.try_get("fencing_token")?,
+        })
+    }
+
     /// The record `scope` names. `response` decodes the response columns, and is called only
     /// for a completed record: they are NULL while it is in progress.
     pub(crate) fn into_record(
@@ -67,9 +139,18 @@ impl RecordColumns {
     }
 }
 
+/// The scope of a row listed without one (its `account_id` and `idem_key` columns).
+pub(crate) fn row_scope<R: Row>(row: &R) -> Result<Scope>
+where
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+{
+    stored_scope(row.try_get("account_id")?, row.try_get("idem_key")?)
+}
+
 /// Rebuilds a scope read back from a store: the key was validated when it was stored, under
 /// limits that may since have changed, so it is not validated again.
-pub(crate) fn stored_scope(account: String, key: String) -> Result<Scope> {
+fn stored_scope(account: String, key: String) -> Result<Scope> {
     let limits = KeyLimits {
         min_len: 1,
         max_len: usize::MAX,

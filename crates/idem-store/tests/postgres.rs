@@ -10,11 +10,12 @@ use idem_core::{
     AccountId, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
     RequestParts, Scope, StoredResponse, Timestamp, decide,
 };
+use idem_store::conformance::{assert_unavailable, sweep_boundary_is_exact};
 use idem_store::fault_relay::FaultRelay;
 use idem_store::testing::{PgTestDatabase, with_database};
 use idem_store::{
-    ClaimOutcome, Error, NewClaim, PgStore, Store, TransactionalStore, TxClaim, admin_conformance,
-    store_conformance, transactional_conformance,
+    ClaimOutcome, NewClaim, PgStore, PgTx, Result, Store, TransactionalStore, TxClaim,
+    admin_conformance, store_conformance, transactional_conformance,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
@@ -74,10 +75,7 @@ fn response() -> StoredResponse {
     }
 }
 
-async fn begin_claimed(
-    store: &PgStore,
-    claim: &NewClaim,
-) -> sqlx::Transaction<'static, sqlx::Postgres> {
+async fn begin_claimed(store: &PgStore, claim: &NewClaim) -> PgTx {
     match store
         .begin_claim(claim, LONG_WAIT)
         .await
@@ -86,6 +84,21 @@ async fn begin_claimed(
         TxClaim::Claimed(tx) => tx,
         other => panic!("expected to claim the key, got {other:?}"),
     }
+}
+
+/// The first transaction to claim `key` (token 1), and a duplicate (token 2) spawned to claim
+/// it too, once it is blocked on the first one's row.
+async fn first_and_a_waiting_duplicate(
+    store: &PgStore,
+    key: &Scope,
+) -> (PgTx, tokio::task::JoinHandle<Result<TxClaim<PgTx>>>) {
+    let first = begin_claimed(store, &claim(key, 1)).await;
+    let waiter = tokio::spawn({
+        let (store, claim) = (store.clone(), claim(key, 2));
+        async move { store.begin_claim(&claim, LONG_WAIT).await }
+    });
+    lock_waiters(store.pool(), 1).await;
+    (first, waiter)
 }
 
 /// Waits until `n` sessions of the test database are blocked on a lock. PostgreSQL announces
@@ -174,13 +187,7 @@ async fn duplicate_claims_when_the_first_rolls_back() {
     let db = PgTestDatabase::create().await;
     let store = db.store(4).await;
     let key = scope("rollback-key1");
-    let first = begin_claimed(&store, &claim(&key, 1)).await;
-
-    let waiter = tokio::spawn({
-        let (store, claim) = (store.clone(), claim(&key, 2));
-        async move { store.begin_claim(&claim, LONG_WAIT).await }
-    });
-    lock_waiters(store.pool(), 1).await;
+    let (first, waiter) = first_and_a_waiting_duplicate(&store, &key).await;
     store.rollback(first).await.unwrap();
 
     let TxClaim::Claimed(mut tx) = waiter.await.unwrap().unwrap() else {
@@ -209,13 +216,7 @@ async fn duplicate_replays_when_the_first_commits() {
     let db = PgTestDatabase::create().await;
     let store = db.store(4).await;
     let key = scope("commit-key-01");
-    let first = begin_claimed(&store, &claim(&key, 1)).await;
-
-    let waiter = tokio::spawn({
-        let (store, claim) = (store.clone(), claim(&key, 2));
-        async move { store.begin_claim(&claim, LONG_WAIT).await }
-    });
-    lock_waiters(store.pool(), 1).await;
+    let (first, waiter) = first_and_a_waiting_duplicate(&store, &key).await;
     store
         .commit_response(first, &key, FencingToken(1), &response())
         .await
@@ -401,27 +402,7 @@ async fn timestamps_round_trip_exactly() {
     let db = PgTestDatabase::create().await;
     let store = db.store(4).await;
 
-    // The sweeper's boundary: a record expiring at E is kept at E - 1 ms and swept at E.
-    let key = scope("boundary-key1");
-    let mut boundary = claim(&key, 1);
-    boundary.now = Timestamp(1_800_000_000_123);
-    boundary.lease_until = Timestamp(1_800_000_000_124);
-    boundary.expires_at = Timestamp(1_800_000_000_457);
-    store.claim(&boundary).await.unwrap();
-    assert!(
-        store
-            .complete(&key, FencingToken(1), &response())
-            .await
-            .unwrap()
-    );
-    assert_eq!(
-        store.sweep(Timestamp(1_800_000_000_456), 10).await.unwrap(),
-        0
-    );
-    assert_eq!(
-        store.sweep(Timestamp(1_800_000_000_457), 10).await.unwrap(),
-        1
-    );
+    sweep_boundary_is_exact(&store).await;
 
     let mut millis = vec![
         0,
@@ -528,28 +509,13 @@ async fn unreachable_database_is_unavailable() {
     let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
 
     // `connect` retries refused connections until its pool's acquire timeout.
-    match PgStore::connect(&url).await {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
+    assert_unavailable(PgStore::connect(&url).await);
     // A lazy pool first meets the database when the migrations run.
     let lazy = PgPoolOptions::new()
         .acquire_timeout(Duration::from_millis(200))
         .connect_lazy(&url)
         .unwrap();
-    match PgStore::from_pool(lazy).await {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-}
-
-/// The relay's target: `host:port` resolved (the URL may say `localhost`).
-async fn resolved(host: &str, port: u16) -> std::net::SocketAddr {
-    tokio::net::lookup_host((host, port))
-        .await
-        .unwrap()
-        .next()
-        .expect("the host resolves")
+    assert_unavailable(PgStore::from_pool(lazy).await);
 }
 
 /// A store whose database goes away after it connected reports `Unavailable` (so `503`), in
@@ -559,8 +525,9 @@ async fn resolved(host: &str, port: u16) -> std::net::SocketAddr {
 async fn database_lost_after_connect_is_unavailable() {
     let db = PgTestDatabase::create().await;
     let direct: PgConnectOptions = db.url().parse().unwrap();
-    let target = resolved(direct.get_host(), direct.get_port()).await;
-    let proxy = FaultRelay::start(target, 0).await.unwrap();
+    let proxy = FaultRelay::start_to(direct.get_host(), direct.get_port(), 0)
+        .await
+        .unwrap();
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .acquire_timeout(Duration::from_millis(500))
@@ -575,21 +542,13 @@ async fn database_lost_after_connect_is_unavailable() {
     );
 
     proxy.cut().await;
-    match store.get(&key).await {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-    match store.claim(&claim(&key, 2)).await {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-    match store
-        .begin_claim(&claim(&key, 3), Duration::from_millis(200))
-        .await
-    {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
+    assert_unavailable(store.get(&key).await);
+    assert_unavailable(store.claim(&claim(&key, 2)).await);
+    assert_unavailable(
+        store
+            .begin_claim(&claim(&key, 3), Duration::from_millis(200))
+            .await,
+    );
 }
 
 #[test]

@@ -6,12 +6,10 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    AccountId, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
-    RequestParts, Scope, StoredResponse, Timestamp,
-};
+use idem_core::{FencingToken, Policy, RecordState, Scope, StoredResponse, Timestamp};
+use idem_store::conformance::{assert_unavailable, fingerprint, scope, sweep_boundary_is_exact};
 use idem_store::fault_relay::FaultRelay;
-use idem_store::{ClaimOutcome, Error, NewClaim, RedisStore, Store, store_conformance};
+use idem_store::{ClaimOutcome, NewClaim, RedisStore, Store, store_conformance};
 use redis::Commands as _;
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
@@ -81,25 +79,6 @@ async fn fresh_store() -> (RedisStore, TestPrefix) {
 
 store_conformance!(fresh_store());
 
-fn scope(account: &str, key: &str) -> Scope {
-    Scope::new(
-        AccountId::new(account),
-        IdempotencyKey::new(key, KeyLimits::default()).expect("valid test key"),
-    )
-}
-
-fn fingerprint(body: &str) -> Fingerprint {
-    Fingerprint::compute(&RequestParts {
-        account: "acct_redis",
-        method: "POST",
-        route: "/payments",
-        query: "",
-        content_type: "application/json",
-        body: body.as_bytes(),
-    })
-    .expect("valid test body")
-}
-
 fn claim(scope: &Scope, token: i64, now: Timestamp) -> NewClaim {
     NewClaim::new(
         scope.clone(),
@@ -117,6 +96,15 @@ fn response(body: &[u8]) -> StoredResponse {
         body: body.to_vec(),
         body_omitted: false,
     }
+}
+
+/// Claims `key` at `T0` with token 1 and a lease of twice the retention (a very long call);
+/// the claim made.
+async fn claim_a_long_call(store: &RedisStore, key: &Scope) -> NewClaim {
+    let mut long = claim(key, 1, T0);
+    long.lease_until = T0.plus(Policy::default().retention * 2);
+    assert_eq!(store.claim(&long).await.unwrap(), ClaimOutcome::Claimed);
+    long
 }
 
 /// The record's remaining TTL in Redis, in milliseconds.
@@ -178,19 +166,9 @@ async fn unreachable_server_is_unavailable() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
     };
-    match RedisStore::connect(&format!("redis://127.0.0.1:{port}/0"), "idem-test-none").await {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-}
-
-/// The relay's target: `host:port` resolved (the URL may say `localhost`).
-async fn resolved(host: &str, port: u16) -> std::net::SocketAddr {
-    tokio::net::lookup_host((host, port))
-        .await
-        .unwrap()
-        .next()
-        .expect("the host resolves")
+    assert_unavailable(
+        RedisStore::connect(&format!("redis://127.0.0.1:{port}/0"), "idem-test-none").await,
+    );
 }
 
 /// A store whose server goes away after it connected reports `Unavailable` (so `503`) for
@@ -203,9 +181,7 @@ async fn server_lost_after_connect_is_unavailable() {
     let redis::ConnectionAddr::Tcp(host, port) = client.get_connection_info().addr() else {
         panic!("the test server must be reached over plain TCP")
     };
-    let proxy = FaultRelay::start(resolved(host, *port).await, 0)
-        .await
-        .unwrap();
+    let proxy = FaultRelay::start_to(host, *port, 0).await.unwrap();
     let store = RedisStore::connect(
         &format!("redis://127.0.0.1:{}/0", proxy.addr().port()),
         prefix.prefix.clone(),
@@ -219,25 +195,14 @@ async fn server_lost_after_connect_is_unavailable() {
     );
 
     proxy.cut().await;
-    match store.get(&key).await {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-    match store.claim(&claim(&key, 2, T0)).await {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-    match store
-        .complete(&key, FencingToken(1), &response(b"{}"))
-        .await
-    {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-    match store.sweep(T0, 10).await {
-        Err(Error::Unavailable(_)) => {}
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
+    assert_unavailable(store.get(&key).await);
+    assert_unavailable(store.claim(&claim(&key, 2, T0)).await);
+    assert_unavailable(
+        store
+            .complete(&key, FencingToken(1), &response(b"{}"))
+            .await,
+    );
+    assert_unavailable(store.sweep(T0, 10).await);
 }
 
 /// Every record carries a TTL, the time until it becomes sweepable by the caller's clock plus
@@ -386,25 +351,7 @@ async fn binary_bodies_and_extreme_tokens_round_trip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sweep_boundaries_and_long_leases() {
     let (store, _prefix) = fresh_store().await;
-    let key = scope("acct_redis", "boundary-key1");
-    let mut boundary = claim(&key, 1, Timestamp(1_800_000_000_123));
-    boundary.lease_until = Timestamp(1_800_000_000_124);
-    boundary.expires_at = Timestamp(1_800_000_000_457);
-    store.claim(&boundary).await.unwrap();
-    assert!(
-        store
-            .complete(&key, FencingToken(1), &response(b"{}"))
-            .await
-            .unwrap()
-    );
-    assert_eq!(
-        store.sweep(Timestamp(1_800_000_000_456), 10).await.unwrap(),
-        0
-    );
-    assert_eq!(
-        store.sweep(Timestamp(1_800_000_000_457), 10).await.unwrap(),
-        1
-    );
+    sweep_boundary_is_exact(&store).await;
 
     // Five long calls ahead of five finished records, all past retention at `now`.
     let policy = Policy::default();
@@ -456,9 +403,7 @@ async fn a_live_lease_past_retention_holds_the_key() {
     let (store, _prefix) = fresh_store().await;
     let policy = Policy::default();
     let key = scope("acct_redis", "long-call-0001");
-    let mut long = claim(&key, 1, T0);
-    long.lease_until = T0.plus(policy.retention * 2);
-    store.claim(&long).await.unwrap();
+    claim_a_long_call(&store, &key).await;
 
     let now = T0.plus(policy.retention);
     let mut other = claim(&key, 2, now);
@@ -484,9 +429,7 @@ async fn sweep_trusts_the_record_over_the_index() {
     let (store, prefix) = fresh_store().await;
     let policy = Policy::default();
     let key = scope("acct_redis", "long-call-0002");
-    let mut long = claim(&key, 1, T0);
-    long.lease_until = T0.plus(policy.retention * 2);
-    store.claim(&long).await.unwrap();
+    let long = claim_a_long_call(&store, &key).await;
 
     let index = format!("{}:sweep", prefix.prefix);
     let record = format!("{}:k:10:acct_redis:long-call-0002", prefix.prefix);

@@ -44,6 +44,13 @@ async fn insert(tx: &mut SqliteTx, name: &str) {
         .unwrap();
 }
 
+/// A turn at the writer that has inserted `name`: the writer is held until it ends.
+async fn turn_with(store: &SqliteStore, name: &str) -> SqliteTx {
+    let mut tx = store.begin().await.unwrap();
+    insert(&mut tx, name).await;
+    tx
+}
+
 /// What a reader (another connection) sees: only committed rows.
 async fn committed(store: &SqliteStore) -> Vec<String> {
     sqlx::query_scalar("SELECT name FROM items ORDER BY name")
@@ -73,8 +80,7 @@ async fn still_waiting<F: Future + Unpin>(future: &mut F) -> bool {
 #[tokio::test]
 async fn a_request_hears_of_its_commit_only_when_its_whole_group_commits() {
     let (store, _dir) = store_with_items().await;
-    let mut first = store.begin().await.unwrap();
-    insert(&mut first, "first").await;
+    let first = turn_with(&store, "first").await;
     let second = queued(Box::pin(store.begin())).await;
 
     // The first request is done, but the second was waiting: they share the commit.
@@ -95,8 +101,7 @@ async fn a_request_hears_of_its_commit_only_when_its_whole_group_commits() {
 #[tokio::test]
 async fn a_rolled_back_or_dropped_turn_undoes_only_its_own_writes() {
     let (store, _dir) = store_with_items().await;
-    let mut kept = store.begin().await.unwrap();
-    insert(&mut kept, "kept").await;
+    let kept = turn_with(&store, "kept").await;
     let rolled_back = queued(Box::pin(store.begin())).await;
     let dropped = queued(Box::pin(store.begin())).await;
     let also_kept = queued(Box::pin(store.begin())).await;

@@ -110,79 +110,113 @@ async fn commit_groups(
         opening.store(true, Ordering::Relaxed);
         let opened = open_group(&pool).await;
         opening.store(false, Ordering::Relaxed);
-        let mut conn = match opened {
+        let conn = match opened {
             Ok(conn) => conn,
             Err(e) => {
                 let _ = first.lend.send(Err(e));
                 continue;
             }
         };
-        let mut members = Vec::new();
-        let mut roll_back = false;
-        let mut next = Some(first);
-        while let Some(turn) = next.take() {
-            let (back, returned) = oneshot::channel();
-            // A request that stopped waiting drops its turn at once, and dropping hands the
-            // connection back as abandoned.
-            let _ = turn.lend.send(Ok(SqliteTx::lend(conn, back)));
-            let Ok(Returned {
-                conn: lent_back,
-                ending,
-            }) = returned.await
-            else {
-                // Only a leaked SqliteTx gets here; its connection is gone with it.
-                tracing::error!("a turn at SQLite's writer never handed its connection back");
-                fail_all(members, sqlx::Error::WorkerCrashed);
-                return;
-            };
-            conn = lent_back;
-            let ends_group = match ending {
-                Ending::Commit(done) => {
-                    members.push(done);
-                    false
-                }
-                Ending::Nothing | Ending::Abandoned { savepoint: false } => false,
-                // A savepoint that cannot be undone may hold writes nobody will answer for:
-                // they must not commit, so the whole group rolls back (its requests hear of
-                // it and retry).
-                Ending::Abandoned { savepoint: true } => {
-                    roll_back = run(&mut conn, ROLLBACK).await.is_err();
-                    roll_back
-                }
-                Ending::Failed { savepoint } => {
-                    roll_back = savepoint && run(&mut conn, ROLLBACK).await.is_err();
-                    true
-                }
-                Ending::Poisoned => {
-                    roll_back = true;
-                    true
-                }
-            };
-            if ends_group || members.len() >= MAX_GROUP {
-                break;
+        let Some(group) = lend_turns(conn, first, &mut waiting).await else {
+            return;
+        };
+        group.end().await;
+        // The connection goes back to the pool here, between groups.
+    }
+}
+
+/// A group whose turns are over: the writer's connection inside the group's transaction, and
+/// the requests whose writes wait for its commit.
+struct Group {
+    conn: PoolConnection<Sqlite>,
+    members: Vec<oneshot::Sender<Result<(), Arc<sqlx::Error>>>>,
+    /// Whether the group must roll back instead of committing.
+    roll_back: bool,
+}
+
+/// Lends `conn` to `first`, then to each request that waits meanwhile, until a turn's ending
+/// ends the group or the group is full. `None` if a turn never handed the connection back
+/// (the group's members have then been told).
+async fn lend_turns(
+    mut conn: PoolConnection<Sqlite>,
+    first: Turn,
+    waiting: &mut mpsc::UnboundedReceiver<Turn>,
+) -> Option<Group> {
+    let mut members = Vec::new();
+    let mut roll_back = false;
+    let mut next = Some(first);
+    while let Some(turn) = next.take() {
+        let (back, returned) = oneshot::channel();
+        // A request that stopped waiting drops its turn at once, and dropping hands the
+        // connection back as abandoned.
+        let _ = turn.lend.send(Ok(SqliteTx::lend(conn, back)));
+        let Ok(Returned {
+            conn: lent_back,
+            ending,
+        }) = returned.await
+        else {
+            // Only a leaked SqliteTx gets here; its connection is gone with it.
+            tracing::error!("a turn at SQLite's writer never handed its connection back");
+            fail_all(members, sqlx::Error::WorkerCrashed);
+            return None;
+        };
+        conn = lent_back;
+        let ends_group = match ending {
+            Ending::Commit(done) => {
+                members.push(done);
+                false
             }
-            next = waiting.try_recv().ok();
+            Ending::Nothing | Ending::Abandoned { savepoint: false } => false,
+            // A savepoint that cannot be undone may hold writes nobody will answer for:
+            // they must not commit, so the whole group rolls back (its requests hear of
+            // it and retry).
+            Ending::Abandoned { savepoint: true } => {
+                roll_back = run(&mut conn, ROLLBACK).await.is_err();
+                roll_back
+            }
+            Ending::Failed { savepoint } => {
+                roll_back = savepoint && run(&mut conn, ROLLBACK).await.is_err();
+                true
+            }
+            Ending::Poisoned => {
+                roll_back = true;
+                true
+            }
+        };
+        if ends_group || members.len() >= MAX_GROUP {
+            break;
         }
-        let result = if roll_back {
+        next = waiting.try_recv().ok();
+    }
+    Some(Group {
+        conn,
+        members,
+        roll_back,
+    })
+}
+
+impl Group {
+    /// Commits the group (or rolls it back) and tells each member how it ended.
+    async fn end(mut self) {
+        let result = if self.roll_back {
             Err(sqlx::Error::Protocol(
                 "a request's writes could not be undone alone; its group was rolled back".into(),
             ))
         } else {
-            run(&mut conn, "COMMIT").await
+            run(&mut self.conn, "COMMIT").await
         };
         if let Err(e) = result {
             // SQLite may have ended the transaction itself (a full disk, an I/O error); make
             // sure it is over, and do not give the pool a connection in an unknown state.
-            let _ = run(&mut conn, "ROLLBACK").await;
-            conn.close_on_drop();
-            tracing::error!(error = %e, members = members.len(), "a group commit failed");
-            fail_all(members, e);
+            let _ = run(&mut self.conn, "ROLLBACK").await;
+            self.conn.close_on_drop();
+            tracing::error!(error = %e, members = self.members.len(), "a group commit failed");
+            fail_all(self.members, e);
         } else {
-            for done in members {
+            for done in self.members {
                 let _ = done.send(Ok(()));
             }
         }
-        // The connection goes back to the pool here, between groups.
     }
 }
 

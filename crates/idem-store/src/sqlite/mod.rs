@@ -19,7 +19,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, SqliteConnection};
 
-use crate::sql::{RecordColumns, ResponseColumns, stored_scope};
+use crate::sql::{RecordColumns, ResponseColumns, bind_claim, bind_filter, bind_scope, row_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
     TxClaim,
@@ -175,24 +175,14 @@ impl SqliteStore {
         sql: &'static str,
         claim: &NewClaim,
     ) -> Result<bool, sqlx::Error> {
-        let rows = sqlx::query(sql)
-            .bind(claim.scope.account.as_str())
-            .bind(claim.scope.key.as_str())
-            .bind(&claim.fingerprint.as_bytes()[..])
-            .bind(claim.now.0)
-            .bind(claim.expires_at.0)
-            .bind(claim.lease_until.0)
-            .bind(claim.token.0)
-            .bind(claim.take_over_expired_lease)
+        let rows = bind_claim(sqlx::query(sql), claim)
             .fetch_all(&mut *conn)
             .await?;
         Ok(!rows.is_empty())
     }
 
     async fn get_on(conn: &mut SqliteConnection, scope: &Scope) -> Result<Option<Record>> {
-        let row = sqlx::query(SELECT)
-            .bind(scope.account.as_str())
-            .bind(scope.key.as_str())
+        let row = bind_scope(sqlx::query(SELECT), scope)
             .fetch_optional(&mut *conn)
             .await?;
         row.map(|row| record_from_row(scope, &row)).transpose()
@@ -236,15 +226,7 @@ fn lost_to_nothing(scope: &Scope) -> Error {
 }
 
 fn record_from_row(scope: &Scope, row: &SqliteRow) -> Result<Record> {
-    let columns = RecordColumns {
-        request_hash: row.try_get("request_hash")?,
-        status: row.try_get("status")?,
-        created_at: row.try_get("created_at")?,
-        expires_at: row.try_get("expires_at")?,
-        lease_until: row.try_get("lease_until")?,
-        fencing_token: row.try_get("fencing_token")?,
-    };
-    columns.into_record(scope, || {
+    RecordColumns::read(row)?.into_record(scope, || {
         Ok(ResponseColumns {
             code: row.try_get("response_code")?,
             headers: row.try_get("response_headers")?,
@@ -264,9 +246,7 @@ async fn complete_on(
     response: &StoredResponse,
 ) -> Result<bool, sqlx::Error> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-    let rows = sqlx::query(sql)
-        .bind(scope.account.as_str())
-        .bind(scope.key.as_str())
+    let rows = bind_scope(sqlx::query(sql), scope)
         .bind(token.map(|token| token.0))
         .bind(i64::from(response.status))
         .bind(headers)
@@ -306,17 +286,16 @@ impl Store for SqliteStore {
         lease_until: Timestamp,
     ) -> Result<bool> {
         self.in_turn(async |tx| {
-            let done = sqlx::query(
+            let renew = sqlx::query(
                 "UPDATE idempotency_keys SET lease_until = ?4
                  WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3
                    AND status = 'in_progress'",
-            )
-            .bind(scope.account.as_str())
-            .bind(scope.key.as_str())
-            .bind(token.0)
-            .bind(lease_until.0)
-            .execute(&mut **tx)
-            .await?;
+            );
+            let done = bind_scope(renew, scope)
+                .bind(token.0)
+                .bind(lease_until.0)
+                .execute(&mut **tx)
+                .await?;
             Ok(done.rows_affected() == 1)
         })
         .await
@@ -324,16 +303,15 @@ impl Store for SqliteStore {
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
         self.in_turn(async |tx| {
-            let done = sqlx::query(
+            let release = sqlx::query(
                 "DELETE FROM idempotency_keys
                  WHERE account_id = ?1 AND idem_key = ?2 AND fencing_token = ?3
                    AND status = 'in_progress'",
-            )
-            .bind(scope.account.as_str())
-            .bind(scope.key.as_str())
-            .bind(token.0)
-            .execute(&mut **tx)
-            .await?;
+            );
+            let done = bind_scope(release, scope)
+                .bind(token.0)
+                .execute(&mut **tx)
+                .await?;
             Ok(done.rows_affected() == 1)
         })
         .await
@@ -429,7 +407,7 @@ impl TransactionalStore for SqliteStore {
 
 impl AdminStore for SqliteStore {
     async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>> {
-        let rows = sqlx::query(
+        let list = sqlx::query(
             "SELECT account_id, idem_key, request_hash, status, response_code, response_headers,
                     response_body, body_omitted, created_at, expires_at, lease_until, fencing_token
              FROM idempotency_keys
@@ -438,28 +416,17 @@ impl AdminStore for SqliteStore {
                AND (?3 IS NULL OR (status = 'in_progress' AND lease_until <= ?3))
              ORDER BY created_at DESC
              LIMIT ?4",
-        )
-        .bind(filter.account.as_ref().map(|a| a.as_str()))
-        .bind(filter.state())
-        .bind(filter.lease_expired_by.map(|t| t.0))
-        .bind(filter.limit())
-        .fetch_all(&self.readers)
-        .await?;
+        );
+        let rows = bind_filter(list, filter).fetch_all(&self.readers).await?;
         rows.iter()
-            .map(|row| {
-                let scope = stored_scope(row.try_get("account_id")?, row.try_get("idem_key")?)?;
-                record_from_row(&scope, row)
-            })
+            .map(|row| record_from_row(&row_scope(row)?, row))
             .collect()
     }
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
-        let done =
-            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = ?1 AND idem_key = ?2")
-                .bind(scope.account.as_str())
-                .bind(scope.key.as_str())
-                .execute(&self.writer)
-                .await?;
+        let purge =
+            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = ?1 AND idem_key = ?2");
+        let done = bind_scope(purge, scope).execute(&self.writer).await?;
         Ok(done.rows_affected() == 1)
     }
 
