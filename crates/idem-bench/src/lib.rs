@@ -41,6 +41,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use tokio::runtime::Handle;
 
+mod child;
 mod cpu;
 mod load;
 pub mod memory;
