@@ -41,6 +41,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use tokio::runtime::Handle;
 
+mod child;
 mod cpu;
 mod load;
 pub mod memory;
@@ -157,6 +158,17 @@ impl Settings {
             variants: args.variants.clone(),
         })
     }
+
+    /// The settings, as the report shows them.
+    fn reported(&self) -> report::ReportSettings {
+        report::ReportSettings {
+            concurrency: self.concurrency,
+            rounds: self.rounds,
+            duration_secs: self.duration.as_secs_f64(),
+            warmup_secs: self.warmup.as_secs_f64(),
+            quick: self.quick,
+        }
+    }
 }
 
 /// The runtimes: servers under test, the upstream, and the load generator each get their own
@@ -209,7 +221,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// Runs the workloads `settings` select.
 fn measure(settings: Settings) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let machine = report::Machine::read();
+    let mut report = Report {
+        version: 1,
+        settings: settings.reported(),
+        machine: report::Machine::read(),
+        micro: Vec::new(),
+        rows: Vec::new(),
+        memory: None,
+        wall_secs: 0.0,
+    };
     let subject = runtime(cpu::SUBJECT_THREADS)?;
     let upstream = runtime(cpu::UPSTREAM_THREADS)?;
     let load = runtime(cpu::LOAD_THREADS)?;
@@ -217,11 +237,42 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
     let main = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let progress = progress_bar(&settings);
+    let env = workloads::Env {
+        runtimes: Runtimes {
+            subject: subject.handle().clone(),
+            upstream: upstream.handle().clone(),
+            load: load.handle().clone(),
+        },
+        tag: format!("ib{}", &uuid::Uuid::new_v4().simple().to_string()[..10]),
+        progress: progress.clone(),
+        settings,
+    };
+    for group in &env.settings.groups {
+        match group {
+            Group::Memory => report.memory = Some(measure_memory(&main, &env)?),
+            Group::Micro => report.micro = time_micro(&env),
+            _ => report
+                .rows
+                .extend(main.block_on(runner::run_group(&env, *group))),
+        }
+    }
+    progress.finish_and_clear();
+    drop(env);
+    // Servers have stopped; do not wait for anything a stuck connection still holds.
+    for rt in [subject, upstream, load] {
+        rt.shutdown_timeout(Duration::from_secs(2));
+    }
+    report.wall_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
 
+/// A progress bar over the milliseconds of load the selected groups plan.
+fn progress_bar(settings: &Settings) -> indicatif::ProgressBar {
     let total: u64 = settings
         .groups
         .iter()
-        .map(|g| runner::planned_ms(*g, &settings))
+        .map(|g| runner::planned_ms(*g, settings))
         .sum();
     let progress = indicatif::ProgressBar::new(total);
     progress.set_style(
@@ -231,66 +282,35 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
         .expect("a valid template"),
     );
     progress.enable_steady_tick(Duration::from_millis(200));
+    progress
+}
 
-    let env = workloads::Env {
-        runtimes: Runtimes {
-            subject: subject.handle().clone(),
-            upstream: upstream.handle().clone(),
-            load: load.handle().clone(),
-        },
-        tag: format!("ib{}", &uuid::Uuid::new_v4().simple().to_string()[..10]),
-        progress: progress.clone(),
-        settings: settings.clone(),
+/// The memory workload, on the main runtime, in a folder of its own.
+fn measure_memory(
+    main: &tokio::runtime::Runtime,
+    env: &workloads::Env,
+) -> anyhow::Result<memory::MemoryResult> {
+    env.progress.set_message(format!(
+        "memory: idem serve with {} connections",
+        memory::CONNECTIONS
+    ));
+    let dir = tempfile::tempdir()?;
+    let result = main.block_on(memory::measure(env, dir.path()));
+    env.progress
+        .inc(runner::planned_ms(Group::Memory, &env.settings));
+    Ok(result)
+}
+
+/// The core's micro-benchmarks, each timed for a short budget.
+fn time_micro(env: &workloads::Env) -> Vec<micro::MicroResult> {
+    env.progress.set_message("core micro-benchmarks");
+    let budget = if env.settings.quick {
+        Duration::from_millis(20)
+    } else {
+        Duration::from_millis(300)
     };
-
-    let mut micro = Vec::new();
-    let mut memory = None;
-    let mut rows = Vec::new();
-    for group in &settings.groups {
-        if *group == Group::Memory {
-            progress.set_message(format!(
-                "memory: idem serve with {} connections",
-                memory::CONNECTIONS
-            ));
-            let dir = tempfile::tempdir()?;
-            memory = Some(main.block_on(memory::measure(&env, dir.path())));
-            progress.inc(runner::planned_ms(Group::Memory, &settings));
-            continue;
-        }
-        if *group == Group::Micro {
-            progress.set_message("core micro-benchmarks");
-            let budget = if settings.quick {
-                Duration::from_millis(20)
-            } else {
-                Duration::from_millis(300)
-            };
-            micro = micro::cases()
-                .into_iter()
-                .map(|case| micro::time(case, budget))
-                .collect();
-            continue;
-        }
-        rows.extend(main.block_on(runner::run_group(&env, *group)));
-    }
-    progress.finish_and_clear();
-    drop(env);
-    // Servers have stopped; do not wait for anything a stuck connection still holds.
-    for rt in [subject, upstream, load] {
-        rt.shutdown_timeout(Duration::from_secs(2));
-    }
-    Ok(Report {
-        version: 1,
-        settings: report::ReportSettings {
-            concurrency: settings.concurrency,
-            rounds: settings.rounds,
-            duration_secs: settings.duration.as_secs_f64(),
-            warmup_secs: settings.warmup.as_secs_f64(),
-            quick: settings.quick,
-        },
-        machine,
-        micro,
-        rows,
-        memory,
-        wall_secs: started.elapsed().as_secs_f64(),
-    })
+    micro::cases()
+        .into_iter()
+        .map(|case| micro::time(case, budget))
+        .collect()
 }

@@ -8,7 +8,6 @@
 //! the load runs shows the connections really were open at once.
 
 use std::path::Path;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,9 +15,10 @@ use anyhow::Context as _;
 use serde::Serialize;
 use tokio::process::{Child, Command};
 
-use crate::load::{self, HttpTarget, Keys, Plan};
-use crate::servers::{PAYMENT, TOKEN};
-use crate::workloads::Env;
+use crate::child;
+use crate::load::{self, Keys, Plan};
+use crate::servers::payment_post;
+use crate::workloads::{Env, sqlite_url};
 
 /// Open connections while the peak is measured.
 pub const CONNECTIONS: usize = 256;
@@ -98,34 +98,24 @@ fn established_to(port: u16) -> usize {
 
 /// Starts `idem serve --database DATABASE` as a child process on a free port.
 async fn start_idem_serve(database: &str) -> anyhow::Result<(Child, u16)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = child::free_port()?;
     let exe = std::env::current_exe().context("cannot find the harness's own binary")?;
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args([AS_IDEM, "serve", "--listen"])
         .arg(format!("127.0.0.1:{port}"))
         .arg("--database")
-        .arg(database)
-        // Its default log level logs every stored key: kept, and thrown away.
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("cannot start idem serve")?;
+        .arg(database);
+    // Its default log level logs every stored key: kept, and thrown away.
+    let mut child = child::spawn_quiet(&mut command).context("cannot start idem serve")?;
     let health = format!("http://127.0.0.1:{port}/healthz");
-    let up = load::wait_until_up(&health, Duration::from_secs(30));
-    tokio::select! {
-        up = up => up?,
-        status = child.wait() => anyhow::bail!("idem serve exited at start: {}", status?),
-    }
+    child::wait_until_up(&mut child, &health, "idem serve").await?;
     Ok((child, port))
 }
 
 /// Runs the memory workload: `idem serve` on a new SQLite file in `dir`.
 pub(crate) async fn measure(env: &Env, dir: &Path) -> MemoryResult {
-    let database = format!("sqlite://{}", dir.join("memory.db").display());
+    let database = sqlite_url(&dir.join("memory.db"));
     let subject = "idem serve, SQLite".to_owned();
     match run(env, &database).await {
         Ok(mut result) => {
@@ -140,11 +130,7 @@ async fn run(env: &Env, database: &str) -> anyhow::Result<MemoryResult> {
     let (mut child, port) = start_idem_serve(database).await?;
     let pid = child.id().context("idem serve exited")?;
     let rss_idle_mib = status_mib(pid, "VmRSS:");
-    let mut target = HttpTarget::post(
-        &format!("http://127.0.0.1:{port}/payments"),
-        Some(&format!("Bearer {TOKEN}")),
-        PAYMENT,
-    );
+    let mut target = payment_post(&format!("http://127.0.0.1:{port}/payments"));
     target.keys = Keys::Fresh {
         prefix: format!("{}-memory-", env.tag),
     };

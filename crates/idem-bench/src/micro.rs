@@ -68,9 +68,11 @@ fn parts(body: &[u8]) -> RequestParts<'_> {
     }
 }
 
+/// When the record the decision reads was made; the decision runs a second later.
+const RECORDED_AT: Timestamp = Timestamp(1_795_992_070_553);
+
 fn completed_record(fingerprint: Fingerprint) -> Record {
     let key = IdempotencyKey::parse(b"order-1042-pay", KeyLimits::default()).expect("valid key");
-    let now = Timestamp(1_795_992_070_553);
     Record {
         scope: Scope::new(AccountId::new("acct_alice"), key),
         fingerprint,
@@ -80,95 +82,102 @@ fn completed_record(fingerprint: Fingerprint) -> Record {
             body: br#"{"id":"pay_1","amount":49900,"currency":"INR"}"#.to_vec(),
             body_omitted: false,
         }),
-        created_at: now,
-        expires_at: now.plus(Policy::default().retention),
+        created_at: RECORDED_AT,
+        expires_at: RECORDED_AT.plus(Policy::default().retention),
     }
+}
+
+impl MicroCase {
+    fn new(
+        id: &'static str,
+        title: &'static str,
+        bytes: Option<usize>,
+        run: impl FnMut() + 'static,
+    ) -> Self {
+        Self {
+            id,
+            title,
+            bytes,
+            run: Box::new(run),
+        }
+    }
+}
+
+/// Parsing the `Idempotency-Key` header value `raw`.
+fn key_case(id: &'static str, title: &'static str, raw: &'static [u8]) -> MicroCase {
+    let limits = KeyLimits::default();
+    MicroCase::new(id, title, None, move || {
+        black_box(IdempotencyKey::parse(black_box(raw), limits)).expect("valid key");
+    })
+}
+
+/// Fingerprinting a request whose body is `body`.
+fn fingerprint_case(id: &'static str, title: &'static str, body: Vec<u8>) -> MicroCase {
+    MicroCase::new(id, title, Some(body.len()), move || {
+        black_box(Fingerprint::compute(&parts(black_box(&body)))).expect("valid JSON");
+    })
+}
+
+/// Deciding on a request with `fingerprint` whose key holds `record`.
+fn decide_case(
+    id: &'static str,
+    title: &'static str,
+    record: Record,
+    fingerprint: Fingerprint,
+) -> MicroCase {
+    let now = Timestamp(RECORDED_AT.0 + 1000);
+    MicroCase::new(id, title, None, move || {
+        black_box(decide(
+            Some(black_box(&record)),
+            black_box(&fingerprint),
+            now,
+        ));
+    })
 }
 
 /// Every micro-benchmark.
 pub fn cases() -> Vec<MicroCase> {
-    let limits = KeyLimits::default();
     let body_1k = json_body(1024);
     let body_64k = json_body(64 * 1024);
     let raw_64k = body_64k.clone();
     let fingerprint = Fingerprint::compute(&parts(&body_1k)).expect("valid JSON");
     let other = Fingerprint::compute(&parts(b"{}")).expect("valid JSON");
     let record = completed_record(fingerprint);
-    let record_for_mismatch = record.clone();
-    let now = Timestamp(1_795_992_070_553 + 1000);
+    let key = b"order-1042-pay-2026-11-29";
+    let sf_string = br#""order-1042-pay-2026-11-29""#;
     vec![
-        MicroCase {
-            id: "key-bare",
-            title: "parse a bare Idempotency-Key",
-            bytes: None,
-            run: Box::new(move || {
-                black_box(IdempotencyKey::parse(
-                    black_box(b"order-1042-pay-2026-11-29"),
-                    limits,
-                ))
-                .expect("valid key");
-            }),
-        },
-        MicroCase {
-            id: "key-sf-string",
-            title: "parse an sf-string Idempotency-Key",
-            bytes: None,
-            run: Box::new(move || {
-                black_box(IdempotencyKey::parse(
-                    black_box(br#""order-1042-pay-2026-11-29""#),
-                    limits,
-                ))
-                .expect("valid key");
-            }),
-        },
-        MicroCase {
-            id: "fingerprint-1k",
-            title: "fingerprint a 1 KiB JSON body",
-            bytes: Some(body_1k.len()),
-            run: Box::new(move || {
-                black_box(Fingerprint::compute(&parts(black_box(&body_1k)))).expect("valid JSON");
-            }),
-        },
-        MicroCase {
-            id: "fingerprint-64k",
-            title: "fingerprint a 64 KiB JSON body",
-            bytes: Some(body_64k.len()),
-            run: Box::new(move || {
-                black_box(Fingerprint::compute(&parts(black_box(&body_64k)))).expect("valid JSON");
-            }),
-        },
-        MicroCase {
-            id: "sha256-64k",
-            title: "SHA-256 of the same 64 KiB, raw (the hashing floor)",
-            bytes: Some(raw_64k.len()),
-            run: Box::new(move || {
+        key_case("key-bare", "parse a bare Idempotency-Key", key),
+        key_case(
+            "key-sf-string",
+            "parse an sf-string Idempotency-Key",
+            sf_string,
+        ),
+        fingerprint_case("fingerprint-1k", "fingerprint a 1 KiB JSON body", body_1k),
+        fingerprint_case(
+            "fingerprint-64k",
+            "fingerprint a 64 KiB JSON body",
+            body_64k,
+        ),
+        MicroCase::new(
+            "sha256-64k",
+            "SHA-256 of the same 64 KiB, raw (the hashing floor)",
+            Some(raw_64k.len()),
+            move || {
                 black_box(Sha256::digest(black_box(&raw_64k)));
-            }),
-        },
-        MicroCase {
-            id: "decide-replay",
-            title: "decide: same request, completed record",
-            bytes: None,
-            run: Box::new(move || {
-                black_box(decide(
-                    Some(black_box(&record)),
-                    black_box(&fingerprint),
-                    now,
-                ));
-            }),
-        },
-        MicroCase {
-            id: "decide-mismatch",
-            title: "decide: different request, same key",
-            bytes: None,
-            run: Box::new(move || {
-                black_box(decide(
-                    Some(black_box(&record_for_mismatch)),
-                    black_box(&other),
-                    now,
-                ));
-            }),
-        },
+            },
+        ),
+        decide_case(
+            "decide-replay",
+            "decide: same request, completed record",
+            record.clone(),
+            fingerprint,
+        ),
+        decide_case(
+            "decide-mismatch",
+            "decide: different request, same key",
+            record,
+            other,
+        ),
     ]
 }
 

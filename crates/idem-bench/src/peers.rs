@@ -4,13 +4,13 @@
 //! adapter from npm. Nothing downloaded is ever part of the repository.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
+use std::process::{ExitStatus, Stdio};
 
 use anyhow::Context as _;
+use tempfile::TempDir;
 use tokio::process::{Child, Command};
 
-use crate::load::wait_until_up;
+use crate::child;
 
 /// `$HOME/.cache/idem-bench-peers`, where peers are installed.
 pub(crate) fn default_dir() -> PathBuf {
@@ -19,7 +19,7 @@ pub(crate) fn default_dir() -> PathBuf {
 }
 
 /// The package `cargo install` fetches.
-const PROXY_CRATE: &str = "idempotent-proxy-server";
+pub(crate) const PROXY_CRATE: &str = "idempotent-proxy-server";
 
 /// Installs `idempotent-proxy-server` under `dir/cargo` unless it is there already; returns
 /// the binary.
@@ -32,16 +32,14 @@ pub(crate) async fn install_proxy_peer(dir: &Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&root)?;
     let log = dir.join("cargo-install.log");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    command
         .args(["install", "--locked", PROXY_CRATE, "--root"])
         .arg(&root)
         // Its own temporary target folder, not the harness's.
         .env_remove("CARGO_TARGET_DIR")
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log)?)
-        .stderr(std::fs::File::options().append(true).open(&log)?)
-        .status()
+        .current_dir(dir);
+    let status = install(&mut command, &log)
         .await
         .context("cannot run cargo install")?;
     anyhow::ensure!(
@@ -52,11 +50,14 @@ pub(crate) async fn install_proxy_peer(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(binary)
 }
 
-/// A free port on 127.0.0.1, for a child process to listen on.
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// Runs an installer, its output (both streams) in `log`.
+async fn install(command: &mut Command, log: &Path) -> std::io::Result<ExitStatus> {
+    command
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(log)?)
+        .stderr(std::fs::File::options().append(true).open(log)?)
+        .status()
+        .await
 }
 
 /// A peer server running as a child process.
@@ -68,50 +69,53 @@ pub(crate) struct Peer {
     pub(crate) url: String,
     /// Its process id, for CPU accounting.
     pub(crate) pid: u32,
+    /// Its working folder, when it has a temporary one (removed after the process).
+    _work: Option<TempDir>,
+}
+
+impl Peer {
+    /// Waits until `child`, listening on `port`, answers at `health`; its payments endpoint is
+    /// at `payments`, and `work` goes with it.
+    async fn up(
+        mut child: Child,
+        port: u16,
+        health: &str,
+        payments: &str,
+        work: Option<TempDir>,
+    ) -> anyhow::Result<Self> {
+        let base = format!("http://127.0.0.1:{port}");
+        child::wait_until_up(&mut child, &format!("{base}{health}"), "the peer").await?;
+        let pid = child.id().context("the peer exited")?;
+        Ok(Self {
+            child,
+            url: format!("{base}{payments}"),
+            pid,
+            _work: work,
+        })
+    }
 }
 
 /// Starts `idempotent-proxy-server` in front of `upstream` (a full URL) with its cache on
-/// `redis_url`. It reads its settings from a `.env` in its working folder, `work`; requests to
-/// `/URL_UPSTREAM` go to `upstream`.
+/// `redis_url`. It reads its settings from a `.env` in its working folder, a temporary one;
+/// requests to `/URL_UPSTREAM` go to `upstream`.
 pub(crate) async fn start_proxy_peer(
     binary: &Path,
-    work: &Path,
     upstream: &str,
     redis_url: &str,
 ) -> anyhow::Result<Peer> {
-    let port = free_port()?;
+    let work = tempfile::tempdir()?;
+    let port = child::free_port()?;
     // LOG_LEVEL=warn: it logs every request at info; idem's layer logs nothing per request
     // without a subscriber, so both run quiet.
     std::fs::write(
-        work.join(".env"),
+        work.path().join(".env"),
         format!(
             "SERVER_ADDR=127.0.0.1:{port}\nREDIS_URL={redis_url}\nURL_UPSTREAM={upstream}\nLOG_LEVEL=warn\n"
         ),
     )?;
-    let mut child = Command::new(binary)
-        .current_dir(work)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
+    let child = child::spawn_quiet(Command::new(binary).current_dir(work.path()))
         .with_context(|| format!("cannot start {}", binary.display()))?;
-    let base = format!("http://127.0.0.1:{port}");
-    wait_for_child(&mut child, &format!("{base}/")).await?;
-    let pid = child.id().context("the peer exited")?;
-    Ok(Peer {
-        child,
-        url: format!("{base}/URL_UPSTREAM"),
-        pid,
-    })
-}
-
-/// Waits until a child's `url` answers; fails at once if the child exits.
-async fn wait_for_child(child: &mut Child, url: &str) -> anyhow::Result<()> {
-    tokio::select! {
-        up = wait_until_up(url, Duration::from_secs(30)) => up,
-        status = child.wait() => Err(anyhow::anyhow!("the peer exited at start: {}", status?)),
-    }
+    Peer::up(child, port, "/", "/URL_UPSTREAM", Some(work)).await
 }
 
 /// The npm packages of the Express peer.
@@ -125,18 +129,10 @@ const NPM_PACKAGES: [&str; 3] = [
 /// returns that folder.
 pub(crate) async fn install_express_peer(dir: &Path) -> anyhow::Result<PathBuf> {
     let npm_dir = dir.join("npm");
-    let installed = [
-        "express",
-        "express-idempotency",
-        "express-idempotency-redis-adapter",
-    ]
-    .iter()
-    .all(|p| {
-        npm_dir
-            .join("node_modules")
-            .join(p)
-            .join("package.json")
-            .exists()
+    let installed = NPM_PACKAGES.iter().all(|package| {
+        let name = package.rsplit_once('@').map_or(*package, |(name, _)| name);
+        let manifest = npm_dir.join("node_modules").join(name).join("package.json");
+        manifest.exists()
     });
     if installed {
         return Ok(npm_dir);
@@ -147,14 +143,12 @@ pub(crate) async fn install_express_peer(dir: &Path) -> anyhow::Result<PathBuf> 
         std::fs::write(&manifest, r#"{"name":"idem-bench-peer","private":true}"#)?;
     }
     let log = dir.join("npm-install.log");
-    let status = Command::new("npm")
+    let mut command = Command::new("npm");
+    command
         .args(["install", "--no-audit", "--no-fund"])
         .args(NPM_PACKAGES)
-        .current_dir(&npm_dir)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log)?)
-        .stderr(std::fs::File::options().append(true).open(&log)?)
-        .status()
+        .current_dir(&npm_dir);
+    let status = install(&mut command, &log)
         .await
         .context("cannot run npm (is Node.js installed?)")?;
     anyhow::ensure!(
@@ -204,25 +198,14 @@ adapter.connect().then(() => {
 pub(crate) async fn start_express_peer(npm_dir: &Path, redis_url: &str) -> anyhow::Result<Peer> {
     let app = npm_dir.join("idem-bench-express.js");
     std::fs::write(&app, EXPRESS_APP)?;
-    let port = free_port()?;
-    let mut child = Command::new("node")
+    let port = child::free_port()?;
+    let mut command = Command::new("node");
+    command
         .arg(&app)
         .env("PORT", port.to_string())
         .env("REDIS_URL", redis_url)
         .env("NODE_ENV", "production")
-        .current_dir(npm_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("cannot start node")?;
-    let base = format!("http://127.0.0.1:{port}");
-    wait_for_child(&mut child, &format!("{base}/healthz")).await?;
-    let pid = child.id().context("the peer exited")?;
-    Ok(Peer {
-        child,
-        url: format!("{base}/payments"),
-        pid,
-    })
+        .current_dir(npm_dir);
+    let child = child::spawn_quiet(&mut command).context("cannot start node")?;
+    Peer::up(child, port, "/healthz", "/payments", None).await
 }

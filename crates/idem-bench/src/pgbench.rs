@@ -59,31 +59,108 @@ impl Script {
 /// The script: idem's own statements with its values, keys drawn at random so that no two
 /// transactions collide. `now_ms` stands in for the service's clock.
 pub(crate) fn script(kind: Script, now_ms: i64) -> String {
-    let ts = |ms: i64| {
-        format!(
-            "to_timestamp({ms}::bigint / 1000) + ({ms}::bigint % 1000) * interval '1 millisecond'"
-        )
+    let at = Values::at(now_ms);
+    let statements = match kind {
+        Script::Transaction => vec![
+            BEGIN.to_owned(),
+            claim(&at, false),
+            payment(&at, ""),
+            complete(&at),
+            COMMIT.to_owned(),
+        ],
+        // idem serve inserts with ON CONFLICT DO NOTHING and retires an expired key's payment
+        // only when the insert found one (never, with fresh keys).
+        Script::IdemStatements => vec![
+            READ.to_owned(),
+            BEGIN.to_owned(),
+            claim(&at, true),
+            payment(&at, "\nON CONFLICT (account_id, idem_key) DO NOTHING"),
+            complete(&at),
+            COMMIT.to_owned(),
+        ],
     };
-    let now = ts(now_ms);
-    let expires = ts(now_ms + 24 * 60 * 60 * 1000);
-    let lease = ts(now_ms + 30 * 1000);
-    let hash = "ab".repeat(32);
-    // About the size of idem serve's 201 body and its stored headers.
-    let body = r#"{"id":"pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e","amount":49900,"currency":"INR","status":"succeeded","created_at":1795992070553}"#;
-    let body_hex: String = body.bytes().map(|b| format!("{b:02x}")).collect();
-    let headers = r#"[["content-type","application/json"],["location","/payments/pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e"]]"#;
-    // idem serve's claim bounds its wait in the same statement (see PgStore); the floor's
-    // transaction claims without a bound, as the issue's five statements do.
-    let bounded =
-        "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
+    let mut out = String::from("\\set n random(1, 9000000000000000000)\n");
+    out.extend(statements);
+    out
+}
+
+/// What idem serve writes for a payment at one instant, as SQL literals.
+struct Values {
+    now: String,
+    expires: String,
+    lease: String,
+    /// The request's fingerprint.
+    hash: String,
+    /// The stored response's body, hex-encoded.
+    body_hex: String,
+    /// The stored response's headers, as JSON.
+    headers: &'static str,
+}
+
+impl Values {
+    fn at(now_ms: i64) -> Self {
+        let ts = |ms: i64| {
+            format!(
+                "to_timestamp({ms}::bigint / 1000) + ({ms}::bigint % 1000) * interval '1 millisecond'"
+            )
+        };
+        // About the size of idem serve's 201 body and its stored headers.
+        let body = r#"{"id":"pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e","amount":49900,"currency":"INR","status":"succeeded","created_at":1795992070553}"#;
+        Self {
+            now: ts(now_ms),
+            expires: ts(now_ms + 24 * 60 * 60 * 1000),
+            lease: ts(now_ms + 30 * 1000),
+            hash: "ab".repeat(32),
+            body_hex: body.bytes().map(|b| format!("{b:02x}")).collect(),
+            headers: r#"[["content-type","application/json"],["location","/payments/pay_0192f0c1d2e37c4a9b5e6f7a8b9c0d1e"]]"#,
+        }
+    }
+}
+
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED;\n";
+const COMMIT: &str = "COMMIT;\n";
+
+/// The layer's read of the key, before the transaction.
+const READ: &str =
+    "SELECT request_hash, status, response_code, response_headers::text AS response_headers,
+       response_body, body_omitted,
+       (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
+       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
+       (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
+       fencing_token
+FROM idempotency_keys WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n;
+";
+
+/// What a bounded claim sets `lock_timeout` to first, keeping the value it had.
+const BOUND_THE_WAIT: &str =
+    "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
      bounded AS MATERIALIZED (
          SELECT previous.lock_timeout, set_config('lock_timeout', '10000ms', true) FROM previous)
 ";
-    let claim_with = |prefix: &str, source: &str, returning: &str| {
-        format!(
-            r"{prefix}INSERT INTO idempotency_keys AS k
+
+/// What a bounded claim returns besides the token: `lock_timeout` set back.
+const RESTORE_THE_WAIT: &str =
+    ",\n    (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)";
+
+/// The claim of the key. idem serve's claim bounds its wait in the same statement (see
+/// PgStore); the floor's transaction claims without a bound, as the issue's five statements do.
+fn claim(at: &Values, bounded: bool) -> String {
+    let (prefix, open, close, returning) = if bounded {
+        (BOUND_THE_WAIT, "SELECT ", " FROM bounded", RESTORE_THE_WAIT)
+    } else {
+        ("", "VALUES (", ")", "")
+    };
+    let Values {
+        now,
+        expires,
+        lease,
+        hash,
+        ..
+    } = at;
+    format!(
+        r"{prefix}INSERT INTO idempotency_keys AS k
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-{source}'acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n{close}
+{open}'acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n{close}
 ON CONFLICT (account_id, idem_key) DO UPDATE SET
     request_hash = excluded.request_hash, status = 'in_progress', response_code = NULL,
     response_headers = NULL, response_body = NULL, body_omitted = false,
@@ -94,67 +171,33 @@ WHERE (k.expires_at <= excluded.created_at
    OR (true AND k.status = 'in_progress' AND k.lease_until <= excluded.created_at
        AND k.request_hash = excluded.request_hash)
 RETURNING fencing_token{returning};
-",
-            close = if source.starts_with("VALUES") {
-                ")"
-            } else {
-                " FROM bounded"
-            },
-        )
-    };
-    let claim = claim_with("", "VALUES (", "");
-    let bounded_claim = claim_with(
-        bounded,
-        "SELECT ",
-        ",\n    (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)",
-    );
-    let payment = format!(
-        "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, reference, created_at)
-VALUES ('pay_pgbench_' || :n, 'acct_alice', 'pgbench-' || :n, 49900, 'INR', 'succeeded', NULL, {now});
 "
-    );
-    let complete = format!(
+    )
+}
+
+/// The business INSERT, then `on_conflict` (a clause, or nothing).
+fn payment(at: &Values, on_conflict: &str) -> String {
+    let now = &at.now;
+    format!(
+        "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, reference, created_at)
+VALUES ('pay_pgbench_' || :n, 'acct_alice', 'pgbench-' || :n, 49900, 'INR', 'succeeded', NULL, {now}){on_conflict};
+"
+    )
+}
+
+/// The response stored in the claimed key.
+fn complete(at: &Values) -> String {
+    let Values {
+        headers, body_hex, ..
+    } = at;
+    format!(
         r"UPDATE idempotency_keys
 SET status = 'completed', response_code = 201, response_headers = '{headers}'::jsonb,
     response_body = '\x{body_hex}'::bytea, body_omitted = false
 WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND fencing_token = :n
   AND status = 'in_progress';
 "
-    );
-    let begin = "BEGIN ISOLATION LEVEL READ COMMITTED;\n";
-    let mut out = String::from("\\set n random(1, 9000000000000000000)\n");
-    match kind {
-        Script::Transaction => {
-            for statement in [begin, &claim, &payment, &complete, "COMMIT;\n"] {
-                out.push_str(statement);
-            }
-        }
-        Script::IdemStatements => {
-            let read = "SELECT request_hash, status, response_code, response_headers::text AS response_headers,
-       response_body, body_omitted,
-       (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
-       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
-       (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
-       fencing_token
-FROM idempotency_keys WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n;
-";
-            // idem serve inserts with ON CONFLICT DO NOTHING and retires an expired key's
-            // payment only when the insert found one (never, with fresh keys).
-            let payment =
-                payment.replace(";\n", "\nON CONFLICT (account_id, idem_key) DO NOTHING;\n");
-            for statement in [
-                read,
-                begin,
-                &bounded_claim,
-                &payment,
-                &complete,
-                "COMMIT;\n",
-            ] {
-                out.push_str(statement);
-            }
-        }
-    }
-    out
+    )
 }
 
 impl Pgbench {
@@ -273,19 +316,22 @@ mod tests {
         assert_eq!(sample.total_requests, 4);
     }
 
-    fn statements(script: &str) -> Vec<&str> {
-        script
+    /// The statements of `kind`'s script, which must be `count`.
+    fn statements(kind: Script, count: usize) -> Vec<String> {
+        let script = script(kind, 1_795_992_070_553);
+        let statements: Vec<String> = script
             .split(";\n")
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .collect()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(statements.len(), count, "{script}");
+        statements
     }
 
     #[test]
     fn idem_statements_are_six_and_in_order() {
-        let script = script(Script::IdemStatements, 1_795_992_070_553);
-        let statements = statements(&script);
-        assert_eq!(statements.len(), 6, "{script}");
+        let statements = statements(Script::IdemStatements, 6);
         assert!(statements[0].contains("SELECT request_hash"));
         assert!(statements[1].ends_with("BEGIN ISOLATION LEVEL READ COMMITTED"));
         assert!(statements[2].starts_with("WITH previous AS MATERIALIZED"));
@@ -298,9 +344,7 @@ mod tests {
 
     #[test]
     fn the_script_claims_inserts_completes_and_commits() {
-        let script = script(Script::Transaction, 1_795_992_070_553);
-        let statements = statements(&script);
-        assert_eq!(statements.len(), 5, "{script}");
+        let statements = statements(Script::Transaction, 5);
         assert!(statements[1].contains("INSERT INTO idempotency_keys"));
         assert!(statements[2].contains("INSERT INTO payments"));
         assert!(statements[3].starts_with("UPDATE idempotency_keys"));

@@ -71,22 +71,22 @@ enum Align {
     Right,
 }
 
-/// Lays out `rows` under `header` in columns two spaces apart.
-fn columns(header: &[&str], align: &[Align], rows: &[Vec<String>]) -> String {
+/// Lays out `rows` under the headers of `columns`, two spaces apart, each aligned its way.
+fn columns(columns: &[(&str, Align)], rows: &[Vec<String>]) -> String {
     let width = |s: &str| s.chars().count();
-    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
+    let mut widths: Vec<usize> = columns.iter().map(|(h, _)| width(h)).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(width(cell));
         }
     }
     let mut out = String::new();
-    let header: Vec<String> = header.iter().map(|h| h.to_string()).collect();
+    let header: Vec<String> = columns.iter().map(|(h, _)| h.to_string()).collect();
     for row in std::iter::once(&header).chain(rows) {
         let mut line = String::new();
         for (i, cell) in row.iter().enumerate() {
             let pad = " ".repeat(widths[i] - width(cell));
-            match align[i] {
+            match columns[i].1 {
                 Align::Left => write!(line, "{cell}{pad}  "),
                 Align::Right => write!(line, "{pad}{cell}  "),
             }
@@ -106,11 +106,67 @@ fn pair(a: Option<f64>, b: Option<f64>, decimals: usize) -> String {
     format!("{}/{}", num(a, decimals), num(b, decimals))
 }
 
+/// The micro-benchmarks' table: its columns, then a row per result.
+const MICRO_COLUMNS: [(&str, Align); 5] = [
+    ("micro", Align::Left),
+    ("what", Align::Left),
+    ("bytes", Align::Right),
+    ("ns/op", Align::Right),
+    ("MiB/s", Align::Right),
+];
+
+fn micro_row(m: &MicroResult) -> Vec<String> {
+    vec![
+        m.id.to_owned(),
+        m.title.to_owned(),
+        m.bytes.map_or_else(String::new, |b| b.to_string()),
+        format!("{:.0}", m.ns_per_op),
+        num(m.mib_per_s, 0),
+    ]
+}
+
+/// The workloads' table: its columns, then [`table_row`] per row.
+const ROW_COLUMNS: [(&str, Align); 11] = [
+    ("row", Align::Left),
+    ("A", Align::Left),
+    ("B", Align::Left),
+    ("A req/s", Align::Right),
+    ("B req/s", Align::Right),
+    ("B/A", Align::Right),
+    ("target", Align::Left),
+    ("A p50/p99 ms", Align::Right),
+    ("B p50/p99 ms", Align::Right),
+    ("CPU µs/req A/B", Align::Right),
+    ("idle % A/B", Align::Right),
+];
+
 impl Report {
     /// The table, with a line on how it was measured and notes for rows that did not run.
     pub fn table(&self) -> String {
+        let mut out = self.how_measured();
+        if !self.micro.is_empty() {
+            let rows: Vec<Vec<String>> = self.micro.iter().map(micro_row).collect();
+            out.push_str(&columns(&MICRO_COLUMNS, &rows));
+            out.push('\n');
+        }
+        if !self.rows.is_empty() {
+            let rows: Vec<Vec<String>> = self.rows.iter().map(table_row).collect();
+            out.push_str(&columns(&ROW_COLUMNS, &rows));
+        }
+        if let Some(m) = &self.memory {
+            out.push('\n');
+            out.push_str(&memory_line(m));
+        }
+        out.push_str(&self.notes());
+        out.push_str(&self.missed());
+        writeln!(out, "\nwall time {:.0} s", self.wall_secs).expect("writing to a String");
+        out
+    }
+
+    /// The opening paragraph: the settings and the machine.
+    fn how_measured(&self) -> String {
         let s = &self.settings;
-        let mut out = format!(
+        format!(
             "idem-bench: {} connections; each variant {} rounds of {:.1} s warm-up + {:.1} s measured, \
              variants of a group alternated in rotating order; medians over rounds, B/A = median of \
              per-round ratios. {} CPUs, load average {} at start.\n\n",
@@ -120,129 +176,68 @@ impl Report {
             s.duration_secs,
             self.machine.cpus,
             num(self.machine.load_average, 2),
-        );
-        if !self.micro.is_empty() {
-            let rows: Vec<Vec<String>> = self
-                .micro
-                .iter()
-                .map(|m| {
-                    vec![
-                        m.id.to_owned(),
-                        m.title.to_owned(),
-                        m.bytes.map_or_else(String::new, |b| b.to_string()),
-                        format!("{:.0}", m.ns_per_op),
-                        num(m.mib_per_s, 0),
-                    ]
-                })
-                .collect();
-            out.push_str(&columns(
-                &["micro", "what", "bytes", "ns/op", "MiB/s"],
-                &[
-                    Align::Left,
-                    Align::Left,
-                    Align::Right,
-                    Align::Right,
-                    Align::Right,
-                ],
-                &rows,
-            ));
-            out.push('\n');
-        }
-        if !self.rows.is_empty() {
-            let rows: Vec<Vec<String>> = self.rows.iter().map(table_row).collect();
-            out.push_str(&columns(
-                &[
-                    "row",
-                    "A",
-                    "B",
-                    "A req/s",
-                    "B req/s",
-                    "B/A",
-                    "target",
-                    "A p50/p99 ms",
-                    "B p50/p99 ms",
-                    "CPU µs/req A/B",
-                    "idle % A/B",
-                ],
-                &[
-                    Align::Left,
-                    Align::Left,
-                    Align::Left,
-                    Align::Right,
-                    Align::Right,
-                    Align::Right,
-                    Align::Left,
-                    Align::Right,
-                    Align::Right,
-                    Align::Right,
-                    Align::Right,
-                ],
-                &rows,
-            ));
-        }
-        if let Some(m) = &self.memory {
-            out.push('\n');
-            match m.status {
-                Status::Ok => writeln!(
-                    out,
-                    "memory: {} with {} connections open ({} seen at once): RSS {} MiB idle, \
-                     peak {} MiB, {} MiB at the end; {} req/s, p99 {} ms under that load",
-                    m.subject,
-                    m.connections,
-                    m.connections_seen
-                        .map_or_else(|| "-".into(), |n| n.to_string()),
-                    num(m.rss_idle_mib, 1),
-                    num(m.rss_peak_mib, 1),
-                    num(m.rss_end_mib, 1),
-                    num(m.throughput, 0),
-                    num(m.p99_ms, 1),
-                ),
-                _ => writeln!(
-                    out,
-                    "memory: {} failed: {}",
-                    m.subject,
-                    m.reason.as_deref().unwrap_or("")
-                ),
-            }
-            .expect("writing to a String");
-        }
+        )
+    }
+
+    /// A line per row that was skipped or failed, and why; nothing if every row ran.
+    fn notes(&self) -> String {
         let notes: Vec<String> = self
             .rows
             .iter()
             .filter(|r| r.status != Status::Ok)
             .map(|r| {
-                format!(
-                    "- {} {}: {}",
-                    r.id,
-                    match r.status {
-                        Status::Skipped => "skipped",
-                        _ => "failed",
-                    },
-                    r.reason.as_deref().unwrap_or("")
-                )
+                let what = match r.status {
+                    Status::Skipped => "skipped",
+                    _ => "failed",
+                };
+                format!("- {} {what}: {}", r.id, r.reason.as_deref().unwrap_or(""))
             })
             .collect();
-        if !notes.is_empty() {
-            out.push('\n');
-            out.push_str(&notes.join("\n"));
-            out.push('\n');
+        if notes.is_empty() {
+            return String::new();
         }
+        format!("\n{}\n", notes.join("\n"))
+    }
+
+    /// The rows that missed their targets, if any did.
+    fn missed(&self) -> String {
         let missed: Vec<&str> = self
             .rows
             .iter()
             .filter(|r| r.met == Some(false))
             .map(|r| r.id)
             .collect();
-        if !missed.is_empty() {
-            write!(
-                out,
-                "\ntargets missed: {}. README.md, section Performance, says where the time goes.\n",
-                missed.join(", ")
-            )
-            .expect("writing to a String");
+        if missed.is_empty() {
+            return String::new();
         }
-        writeln!(out, "\nwall time {:.0} s", self.wall_secs).expect("writing to a String");
-        out
+        format!(
+            "\ntargets missed: {}. README.md, section Performance, says where the time goes.\n",
+            missed.join(", ")
+        )
+    }
+}
+
+/// The memory workload's line.
+fn memory_line(m: &MemoryResult) -> String {
+    match m.status {
+        Status::Ok => format!(
+            "memory: {} with {} connections open ({} seen at once): RSS {} MiB idle, \
+             peak {} MiB, {} MiB at the end; {} req/s, p99 {} ms under that load\n",
+            m.subject,
+            m.connections,
+            m.connections_seen
+                .map_or_else(|| "-".into(), |n| n.to_string()),
+            num(m.rss_idle_mib, 1),
+            num(m.rss_peak_mib, 1),
+            num(m.rss_end_mib, 1),
+            num(m.throughput, 0),
+            num(m.p99_ms, 1),
+        ),
+        _ => format!(
+            "memory: {} failed: {}\n",
+            m.subject,
+            m.reason.as_deref().unwrap_or("")
+        ),
     }
 }
 
@@ -294,8 +289,7 @@ mod tests {
     #[test]
     fn columns_align_wide_characters() {
         let out = columns(
-            &["a", "b"],
-            &[Align::Left, Align::Right],
+            &[("a", Align::Left), ("b", Align::Right)],
             &[
                 vec!["≥ 0.8×".into(), "1".into()],
                 vec!["x".into(), "100".into()],

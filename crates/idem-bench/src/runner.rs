@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::Settings;
 use crate::cpu;
 use crate::load::{self, Plan, Sample};
 use crate::stats::median;
-use crate::workloads::{Comparison, Driver, Env, Group, Target, Variant};
+use crate::workloads::{Comparison, Driver, Entry, Env, Group, Target, Variant};
 
 /// One run of one variant.
 #[derive(Debug, Clone, Serialize)]
@@ -118,23 +119,21 @@ struct Runs {
 }
 
 /// How many milliseconds of load a group's plan holds (the progress bar's unit).
-pub(crate) fn planned_ms(group: Group, settings: &crate::Settings) -> u64 {
+pub(crate) fn planned_ms(group: Group, settings: &Settings) -> u64 {
     if group == Group::Memory {
         return run_ms(settings);
     }
-    let (variants, _) = group.plan();
-    (variants.len() * settings.rounds) as u64 * run_ms(settings)
+    (group.variant_count() * settings.rounds) as u64 * run_ms(settings)
 }
 
 /// Milliseconds of one run.
-fn run_ms(settings: &crate::Settings) -> u64 {
+fn run_ms(settings: &Settings) -> u64 {
     (settings.warmup + settings.duration).as_millis() as u64
 }
 
 /// Sets up `group`, runs its rounds and tears it down.
 pub(crate) async fn run_group(env: &Env, group: Group) -> Vec<Row> {
-    let (variant_ids, comparisons) = group.plan();
-    let per_run = run_ms(&env.settings);
+    let comparisons = group.comparisons();
     env.progress
         .set_message(format!("{}: starting", group.name()));
     let prepared = match group.setup(env).await {
@@ -147,34 +146,87 @@ pub(crate) async fn run_group(env: &Env, group: Group) -> Vec<Row> {
                 .collect();
         }
     };
-    let mut unavailable: HashMap<&str, String> = HashMap::new();
-    let mut variants: Vec<Variant> = Vec::new();
-    for (id, variant) in prepared.variants {
-        match variant {
-            Ok(_)
-                if !env.settings.variants.is_empty()
-                    && !env.settings.variants.iter().any(|v| v == id) =>
-            {
-                unavailable.insert(id, "not selected (--variants)".into());
-            }
-            Ok(v) => variants.push(v),
-            Err(why) => {
-                unavailable.insert(id, why);
+    let selection = Selection::new(&env.settings, prepared.variants, comparisons);
+    let skipped_runs = group
+        .variant_count()
+        .saturating_sub(selection.variants.len())
+        * env.settings.rounds;
+    env.progress
+        .dec_length(skipped_runs as u64 * run_ms(&env.settings));
+    let runs = run_rounds(env, group, &selection.variants).await;
+    prepared.teardown.run().await;
+    comparisons
+        .iter()
+        .map(|c| selection.row(group, c, &runs))
+        .collect()
+}
+
+/// The variants of a group that run, and why each other one does not.
+struct Selection {
+    variants: Vec<Variant>,
+    unavailable: HashMap<&'static str, String>,
+}
+
+impl Selection {
+    /// Of the variants the set-up made, those that started, that `--variants` selects, and
+    /// that some runnable row needs (or that were asked for by name).
+    fn new(settings: &Settings, prepared: Vec<Entry>, comparisons: &[Comparison]) -> Self {
+        let mut unavailable = HashMap::new();
+        let mut variants = Vec::new();
+        for (id, variant) in prepared {
+            match variant {
+                Ok(_)
+                    if !settings.variants.is_empty()
+                        && !settings.variants.iter().any(|v| v == id) =>
+                {
+                    unavailable.insert(id, "not selected (--variants)".into());
+                }
+                Ok(v) => variants.push(v),
+                Err(why) => {
+                    unavailable.insert(id, why);
+                }
             }
         }
+        variants.retain(|v: &Variant| {
+            settings.variants.iter().any(|id| id == v.id)
+                || comparisons.iter().any(|c| {
+                    (c.a == v.id || c.b == v.id)
+                        && !unavailable.contains_key(c.a)
+                        && !unavailable.contains_key(c.b)
+                })
+        });
+        Self {
+            variants,
+            unavailable,
+        }
     }
-    // Only variants some runnable row needs, or that were asked for by name.
-    variants.retain(|v| {
-        env.settings.variants.iter().any(|id| id == v.id)
-            || comparisons.iter().any(|c| {
-                (c.a == v.id || c.b == v.id)
-                    && !unavailable.contains_key(c.a)
-                    && !unavailable.contains_key(c.b)
-            })
-    });
-    let skipped_runs = variant_ids.len().saturating_sub(variants.len()) * env.settings.rounds;
-    env.progress.dec_length(skipped_runs as u64 * per_run);
 
+    /// The row of `c`: skipped when a side could not run, failed when a side failed, else
+    /// measured.
+    fn row(&self, group: Group, c: &Comparison, runs: &HashMap<&str, Runs>) -> Row {
+        if let Some(why) = self.unavailable.get(c.a).or(self.unavailable.get(c.b)) {
+            return Row::not_measured(group, c, Status::Skipped, why.clone());
+        }
+        let (a, b) = (&runs[c.a], &runs[c.b]);
+        if let Some(why) = a.failure.as_ref().or(b.failure.as_ref()) {
+            let side = if a.failure.is_some() { c.a } else { c.b };
+            return Row::not_measured(group, c, Status::Failed, format!("{side}: {why}"));
+        }
+        let label = |id| {
+            self.variants
+                .iter()
+                .find(|v| v.id == id)
+                .map(|v| v.label.clone())
+                .unwrap_or_default()
+        };
+        row(group, c, side(c.a, label(c.a), a), side(c.b, label(c.b), b))
+    }
+}
+
+/// Runs each of `variants` once a round, in an order that rotates each round; a variant that
+/// failed is not run again.
+async fn run_rounds(env: &Env, group: Group, variants: &[Variant]) -> HashMap<&'static str, Runs> {
+    let per_run = run_ms(&env.settings);
     let mut runs: HashMap<&str, Runs> = variants.iter().map(|v| (v.id, Runs::default())).collect();
     for round in 0..env.settings.rounds {
         // Rotating the order each round spreads any drift in the machine over all variants.
@@ -203,29 +255,7 @@ pub(crate) async fn run_group(env: &Env, group: Group) -> Vec<Row> {
             }
         }
     }
-    prepared.teardown.run().await;
-
-    comparisons
-        .iter()
-        .map(|c| {
-            if let Some(why) = unavailable.get(c.a).or(unavailable.get(c.b)) {
-                return Row::not_measured(group, c, Status::Skipped, why.clone());
-            }
-            let (a, b) = (&runs[c.a], &runs[c.b]);
-            if let Some(why) = a.failure.as_ref().or(b.failure.as_ref()) {
-                let side = if a.failure.is_some() { c.a } else { c.b };
-                return Row::not_measured(group, c, Status::Failed, format!("{side}: {why}"));
-            }
-            let label = |id| {
-                variants
-                    .iter()
-                    .find(|v| v.id == id)
-                    .map(|v| v.label.clone())
-                    .unwrap_or_default()
-            };
-            row(group, c, side(c.a, label(c.a), a), side(c.b, label(c.b), b))
-        })
-        .collect()
+    runs
 }
 
 /// Loads one variant for one round and measures its CPU over the window.

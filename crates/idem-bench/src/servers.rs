@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Extension, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -30,12 +30,19 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::load::HttpTarget;
+
 /// The sandbox token `idem serve` registers by default, and the bare handler too.
 pub(crate) const TOKEN: &str = "sk_test_alice";
 /// The account [`TOKEN`] authenticates.
 pub(crate) const ACCOUNT: &str = "acct_alice";
 /// Every workload's request body.
 pub(crate) const PAYMENT: &str = r#"{"amount": 49900, "currency": "INR"}"#;
+
+/// Every workload's request: a fresh-key [`PAYMENT`] POSTed to `url` with [`TOKEN`].
+pub(crate) fn payment_post(url: &str) -> HttpTarget {
+    HttpTarget::post(url, Some(&format!("Bearer {TOKEN}")), PAYMENT)
+}
 
 /// A server running on one of the harness's runtimes.
 #[derive(Debug)]
@@ -80,9 +87,10 @@ impl Server {
 
 type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Binds 127.0.0.1:0 on `runtime` and runs `serve(listener, shutdown)` there. Binding happens
-/// on the runtime itself, so the server's sockets belong to its I/O driver.
-async fn spawn<F, Fut>(runtime: &Handle, serve: F) -> anyhow::Result<Server>
+/// Binds 127.0.0.1:0 on `runtime`, runs `serve(listener, shutdown)` there, and waits until
+/// `health` answers. Binding happens on the runtime itself, so the server's sockets belong to
+/// its I/O driver.
+async fn start<F, Fut>(runtime: &Handle, health: &str, serve: F) -> anyhow::Result<Server>
 where
     F: FnOnce(TcpListener, Shutdown) -> Fut + Send + 'static,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
@@ -98,11 +106,29 @@ where
         serve(listener, shutdown).await
     });
     let addr = addr_rx.await.context("the server could not bind")?;
-    Ok(Server {
+    let mut server = Server {
         addr,
         shutdown: Some(shutdown_tx),
         task,
+    };
+    server.wait_until_up(health).await?;
+    Ok(server)
+}
+
+/// [`start`]s the axum app `app` makes (on the runtime, once the socket is bound), with a
+/// graceful shutdown.
+async fn start_app<F, Fut>(runtime: &Handle, health: &str, app: F) -> anyhow::Result<Server>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<Router>> + Send + 'static,
+{
+    start(runtime, health, |listener, shutdown| async move {
+        axum::serve(listener, app().await?)
+            .with_graceful_shutdown(shutdown)
+            .await?;
+        Ok(())
     })
+    .await
 }
 
 /// `idem serve` on `database`, as `idem serve --database DATABASE` runs it (with
@@ -114,12 +140,10 @@ pub(crate) async fn idem_serve(
 ) -> anyhow::Result<Server> {
     let mut config = idem_cli::serve::ServeConfig::new(database);
     config.replay_read = replay_read;
-    let mut server = spawn(runtime, move |listener, shutdown| {
+    start(runtime, "/healthz", move |listener, shutdown| {
         idem_cli::serve::serve(listener, config, shutdown)
     })
-    .await?;
-    server.wait_until_up("/healthz").await?;
-    Ok(server)
+    .await
 }
 
 /// The bare handler's database: the same stores (so the same connection settings and pool
@@ -151,47 +175,46 @@ struct Payment {
 /// `idem serve` does for a keyless request.
 pub(crate) async fn bare_payments(runtime: &Handle, database: &str) -> anyhow::Result<Server> {
     let database = database.to_owned();
-    let mut server = spawn(runtime, move |listener, shutdown| async move {
+    start_app(runtime, "/payments", move || async move {
         let db = if database.starts_with("sqlite:") {
             BareDb::Sqlite(SqliteStore::connect(&database).await?)
         } else {
             BareDb::Postgres(PgStore::connect(&database).await?)
         };
         let tokens = Arc::new(HashMap::from([(TOKEN.to_owned(), AccountId::new(ACCOUNT))]));
-        let router = Router::new()
-            .route("/payments", post(bare_create).get(|| async { "ok" }))
-            .route("/grouped/payments", post(bare_create_grouped))
+        Ok(Router::new()
+            .route(
+                "/payments",
+                post(bare_create::<false>).get(|| async { "ok" }),
+            )
+            .route("/grouped/payments", post(bare_create::<true>))
             .layer(axum::middleware::from_fn_with_state(tokens, authenticate))
-            .with_state(Bare { db });
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await?;
-        Ok(())
+            .with_state(Bare { db }))
     })
-    .await?;
-    server.wait_until_up("/payments").await?;
-    Ok(server)
+    .await
 }
 
-/// Bearer-token authentication, as `idem serve` does it.
+/// Bearer-token authentication as `idem serve` does it, in a middleware as there: the
+/// account goes into the request's extensions; a missing or unknown token gets `401`.
 async fn authenticate(
     State(tokens): State<Arc<HashMap<String, AccountId>>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let account = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(|token| tokens.get(token.trim()));
-    match account {
-        Some(account) => {
-            request.extensions_mut().insert(account.clone());
-            next.run(request).await
-        }
-        None => StatusCode::UNAUTHORIZED.into_response(),
-    }
+    let Some(account) = bearer_account(request.headers(), &tokens) else {
+        return StatusCode::UNAUTHORIZED.into_response();
+    };
+    request.extensions_mut().insert(account.clone());
+    next.run(request).await
+}
+
+/// The account whose token `headers` carry as `Authorization: Bearer TOKEN`.
+fn bearer_account<'t>(
+    headers: &HeaderMap,
+    tokens: &'t HashMap<String, AccountId>,
+) -> Option<&'t AccountId> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    tokens.get(value.strip_prefix("Bearer ")?.trim())
 }
 
 /// Validates the body as `idem serve` does: a positive integer amount, three capital letters.
@@ -214,25 +237,14 @@ const PG_INSERT: &str = "INSERT INTO payments
     VALUES ($1, $2, $3, $4, $5, $6, $7,
             to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')";
 
-async fn bare_create(
+/// The bare handler: validates the payment and INSERTs it in a transaction of its own. With
+/// `GROUPED` it writes through idem's SQLite group committer ([`SqliteStore::begin`]), as idem
+/// serve's own writes do: what the layer costs on the same writer.
+async fn bare_create<const GROUPED: bool>(
     State(app): State<Bare>,
     Extension(account): Extension<AccountId>,
     body: Bytes,
 ) -> Response {
-    create_bare(app, account, body, false).await
-}
-
-/// The bare handler writing through idem's SQLite group committer ([`SqliteStore::begin`]),
-/// as idem serve's own writes do: what the layer costs on the same writer.
-async fn bare_create_grouped(
-    State(app): State<Bare>,
-    Extension(account): Extension<AccountId>,
-    body: Bytes,
-) -> Response {
-    create_bare(app, account, body, true).await
-}
-
-async fn create_bare(app: Bare, account: AccountId, body: Bytes, grouped: bool) -> Response {
     let Some((amount, currency)) = parse_payment(&body) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
@@ -244,13 +256,13 @@ async fn create_bare(app: Bare, account: AccountId, body: Bytes, grouped: bool) 
         created_at: SystemClock.now().0,
     };
     let inserted = match &app.db {
-        BareDb::Sqlite(store) if grouped => {
+        BareDb::Sqlite(store) if GROUPED => {
             insert_sqlite_grouped(store, account.as_str(), &payment).await
         }
         BareDb::Sqlite(store) => insert_sqlite(store, account.as_str(), &payment)
             .await
             .map_err(Into::into),
-        BareDb::Postgres(_) if grouped => {
+        BareDb::Postgres(_) if GROUPED => {
             return (StatusCode::NOT_FOUND, "group commit is SQLite's").into_response();
         }
         BareDb::Postgres(store) => insert_pg(store, account.as_str(), &payment)
@@ -275,7 +287,9 @@ async fn insert_sqlite(
 ) -> Result<(), sqlx::Error> {
     // The writer, as idem serve's own transactions take it: SQLite has one writer.
     let mut tx = store.writer().begin_with("BEGIN IMMEDIATE").await?;
-    sqlite_insert(account, payment).execute(&mut *tx).await?;
+    payment_insert(SQLITE_INSERT, account, payment)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await
 }
 
@@ -286,39 +300,42 @@ async fn insert_sqlite_grouped(
     payment: &Payment,
 ) -> Result<(), idem_store::Error> {
     let mut tx = store.begin().await?;
-    sqlite_insert(account, payment).execute(&mut *tx).await?;
+    payment_insert(SQLITE_INSERT, account, payment)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await
-}
-
-fn sqlite_insert<'q>(
-    account: &'q str,
-    payment: &'q Payment,
-) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
-    sqlx::query(SQLITE_INSERT)
-        .bind(&payment.id)
-        .bind(account)
-        .bind(None::<&str>)
-        .bind(payment.amount)
-        .bind(&payment.currency)
-        .bind(payment.status)
-        .bind(None::<&str>)
-        .bind(payment.created_at)
 }
 
 async fn insert_pg(store: &PgStore, account: &str, payment: &Payment) -> Result<(), sqlx::Error> {
     let mut tx = store.pool().begin().await?;
-    sqlx::query(PG_INSERT)
-        .bind(&payment.id)
-        .bind(account)
-        .bind(None::<&str>)
-        .bind(payment.amount)
-        .bind(&payment.currency)
-        .bind(payment.status)
-        .bind(None::<&str>)
-        .bind(payment.created_at)
+    payment_insert(PG_INSERT, account, payment)
         .execute(&mut *tx)
         .await?;
     tx.commit().await
+}
+
+/// `insert` (either backend's INSERT) bound to `payment`'s values in the order of its
+/// columns, with no idempotency key and no reference, as for a keyless request.
+fn payment_insert<'a, DB>(
+    insert: &'static str,
+    account: &'a str,
+    payment: &'a Payment,
+) -> sqlx::query::Query<'static, DB, DB::Arguments>
+where
+    DB: sqlx::Database,
+    &'a str: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    Option<&'a str>: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+    i64: sqlx::Encode<'a, DB> + sqlx::Type<DB>,
+{
+    sqlx::query(insert)
+        .bind(payment.id.as_str())
+        .bind(account)
+        .bind(None::<&str>)
+        .bind(payment.amount)
+        .bind(payment.currency.as_str())
+        .bind(payment.status)
+        .bind(None::<&str>)
+        .bind(payment.created_at)
 }
 
 /// A counter for ids, shared by the trivial handlers.
@@ -351,19 +368,13 @@ async fn trivial_create(State(counter): State<Counter>, body: Bytes) -> Response
 
 /// The fast upstream the proxies stand in front of: [`trivial_create`] at `/payments`.
 pub(crate) async fn upstream(runtime: &Handle) -> anyhow::Result<Server> {
-    let mut server = spawn(runtime, |listener, shutdown| async move {
-        let router = Router::new()
+    start_app(runtime, "/payments", || async {
+        Ok(Router::new()
             .route("/payments", post(trivial_create).get(|| async { "ok" }))
             .route("/slow/payments", post(slow_create))
-            .with_state(Counter::default());
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await?;
-        Ok(())
+            .with_state(Counter::default()))
     })
-    .await?;
-    server.wait_until_up("/payments").await?;
-    Ok(server)
+    .await
 }
 
 /// How long the slow upstream's payments take: an API that waits on its database or a
@@ -380,7 +391,7 @@ async fn slow_create(state: State<Counter>, body: Bytes) -> Response {
 /// server as `idem proxy` and nothing else: what any proxy costs on this machine.
 pub(crate) async fn plain_proxy(runtime: &Handle, upstream: &str) -> anyhow::Result<Server> {
     let upstream: http::Uri = upstream.parse()?;
-    let mut server = spawn(runtime, move |listener, shutdown| async move {
+    start_app(runtime, "/payments", move || async move {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let client: Client<HttpConnector, axum::body::Body> =
@@ -400,14 +411,9 @@ pub(crate) async fn plain_proxy(runtime: &Handle, upstream: &str) -> anyhow::Res
                 }
             }
         };
-        axum::serve(listener, Router::new().fallback(forward))
-            .with_graceful_shutdown(shutdown)
-            .await?;
-        Ok(())
+        Ok(Router::new().fallback(forward))
     })
-    .await?;
-    server.wait_until_up("/payments").await?;
-    Ok(server)
+    .await
 }
 
 /// Which store a gateway or layer keeps its records in.
@@ -431,26 +437,33 @@ pub(crate) async fn gateway(
         upstream.parse()?,
         Secret::new(*b"idem-bench-secret-of-32-bytes...")?,
     )?;
-    let mut server = spawn(runtime, move |listener, shutdown| async move {
-        match store {
-            StoreUrl::Sqlite(url) => {
-                let store = SqliteStore::connect(&url).await?;
-                idem_gateway::serve(listener, store, config, shutdown).await?;
+    start(
+        runtime,
+        idem_gateway::POLICY_PATH,
+        move |listener, shutdown| async move {
+            use idem_gateway::serve;
+            match store {
+                StoreUrl::Sqlite(url) => {
+                    serve(
+                        listener,
+                        SqliteStore::connect(&url).await?,
+                        config,
+                        shutdown,
+                    )
+                    .await?
+                }
+                StoreUrl::Postgres(url) => {
+                    serve(listener, PgStore::connect(&url).await?, config, shutdown).await?
+                }
+                StoreUrl::Redis(url, prefix) => {
+                    let store = RedisStore::connect(&url, prefix).await?;
+                    serve(listener, store, config, shutdown).await?
+                }
             }
-            StoreUrl::Postgres(url) => {
-                let store = PgStore::connect(&url).await?;
-                idem_gateway::serve(listener, store, config, shutdown).await?;
-            }
-            StoreUrl::Redis(url, prefix) => {
-                let store = RedisStore::connect(&url, prefix).await?;
-                idem_gateway::serve(listener, store, config, shutdown).await?;
-            }
-        }
-        Ok(())
-    })
-    .await?;
-    server.wait_until_up(idem_gateway::POLICY_PATH).await?;
-    Ok(server)
+            Ok(())
+        },
+    )
+    .await
 }
 
 /// An axum app with idem's layer (lease mode: Redis has no transactions to share) on Redis
@@ -461,16 +474,10 @@ pub(crate) async fn layer_on_redis(
     prefix: &str,
 ) -> anyhow::Result<Server> {
     let (url, prefix) = (url.to_owned(), prefix.to_owned());
-    let mut server = spawn(runtime, move |listener, shutdown| async move {
-        let store = RedisStore::connect(&url, prefix).await?;
-        axum::serve(listener, layered(store))
-            .with_graceful_shutdown(shutdown)
-            .await?;
-        Ok(())
+    start_app(runtime, "/healthz", move || async move {
+        Ok(layered(RedisStore::connect(&url, prefix).await?))
     })
-    .await?;
-    server.wait_until_up("/healthz").await?;
-    Ok(server)
+    .await
 }
 
 fn layered<St: Store>(store: St) -> Router {

@@ -4,8 +4,9 @@
 //! Variants of one group share one set-up and are alternated round by round, so that a change
 //! in the machine's load hits all of them alike.
 
-use std::any::Any;
-use std::path::PathBuf;
+use std::fmt::Debug;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use crate::cpu::Component;
 use crate::load::{HttpTarget, Keys};
 use crate::peers;
 use crate::pgbench::{self, Pgbench, Script};
-use crate::servers::{self, PAYMENT, Server, StoreUrl, TOKEN};
+use crate::servers::{self, Server, StoreUrl, payment_post};
 use crate::{Runtimes, Settings};
 
 /// A group of workloads sharing one set-up; `--only` selects groups.
@@ -70,166 +71,25 @@ impl Group {
         }
     }
 
-    /// The group's variants, by id, and the rows they make.
-    pub(crate) fn plan(self) -> (Vec<&'static str>, Vec<Comparison>) {
-        let at_least = |ratio| {
-            Some(Target {
-                ratio,
-                ahead: false,
-            })
-        };
-        let ahead = Some(Target {
-            ratio: 1.0,
-            ahead: true,
-        });
+    /// The rows the group makes, each comparing two of its variants.
+    pub(crate) fn comparisons(self) -> &'static [Comparison] {
         match self {
-            Group::ServeSqlite => (
-                vec!["bare", "bare-grouped", "idem", "replay"],
-                vec![
-                    Comparison::new(
-                        "layer-sqlite",
-                        "layer cost, SQLite",
-                        "bare",
-                        "idem",
-                        at_least(0.8),
-                    ),
-                    Comparison::new(
-                        "layer-sqlite-grouped",
-                        "layer cost, SQLite, same writer",
-                        "bare-grouped",
-                        "idem",
-                        None,
-                    ),
-                    Comparison::new(
-                        "replays-sqlite",
-                        "replays, SQLite",
-                        "idem",
-                        "replay",
-                        at_least(3.0),
-                    ),
-                ],
-            ),
-            Group::ServePostgres => (
-                vec![
-                    "bare",
-                    "idem",
-                    "replay",
-                    "pgbench",
-                    "pgbench-idem",
-                    "claim-first",
-                    "claim-first-replay",
-                ],
-                vec![
-                    Comparison::new(
-                        "layer-postgres",
-                        "layer cost, PostgreSQL",
-                        "bare",
-                        "idem",
-                        None,
-                    ),
-                    Comparison::new(
-                        "floor-pgbench",
-                        "floor: pgbench, same transaction",
-                        "pgbench",
-                        "idem",
-                        at_least(0.8),
-                    ),
-                    Comparison::new(
-                        "floor-statements",
-                        "pgbench sending idem's statements",
-                        "pgbench-idem",
-                        "idem",
-                        None,
-                    ),
-                    Comparison::new(
-                        "replays-postgres",
-                        "replays, PostgreSQL",
-                        "idem",
-                        "replay",
-                        at_least(3.0),
-                    ),
-                    Comparison::new(
-                        "floor-claim-first",
-                        "floor, without the replay read",
-                        "pgbench",
-                        "claim-first",
-                        None,
-                    ),
-                    Comparison::new(
-                        "replays-claim-first",
-                        "replays, without the replay read",
-                        "claim-first",
-                        "claim-first-replay",
-                        None,
-                    ),
-                ],
-            ),
-            Group::GatewaySqlite => (
-                vec!["upstream", "proxy"],
-                vec![Comparison::new(
-                    "gateway-sqlite",
-                    "gateway, SQLite",
-                    "upstream",
-                    "proxy",
-                    at_least(0.8),
-                )],
-            ),
-            Group::GatewayPostgres => (
-                vec!["upstream", "proxy"],
-                vec![Comparison::new(
-                    "gateway-postgres",
-                    "gateway, PostgreSQL",
-                    "upstream",
-                    "proxy",
-                    at_least(0.8),
-                )],
-            ),
-            Group::GatewayRedis => (
-                vec![
-                    "upstream",
-                    "plain",
-                    "proxy",
-                    "peer",
-                    "upstream-slow",
-                    "proxy-slow",
-                ],
-                vec![
-                    Comparison::new(
-                        "gateway-redis",
-                        "gateway, Redis",
-                        "upstream",
-                        "proxy",
-                        at_least(0.8),
-                    ),
-                    Comparison::new(
-                        "gateway-redis-slow",
-                        "gateway, Redis, 5 ms upstream",
-                        "upstream-slow",
-                        "proxy-slow",
-                        None,
-                    ),
-                    Comparison::new(
-                        "proxy-floor",
-                        "any proxy: no idempotency",
-                        "upstream",
-                        "plain",
-                        None,
-                    ),
-                    Comparison::new("peer-proxy", "peer proxy, Redis", "peer", "proxy", ahead),
-                ],
-            ),
-            Group::PeerLayer => (
-                vec!["peer", "idem"],
-                vec![Comparison::new(
-                    "peer-layer",
-                    "peer layer, Redis",
-                    "peer",
-                    "idem",
-                    ahead,
-                )],
-            ),
-            Group::Micro | Group::Memory => (vec![], vec![]),
+            Group::ServeSqlite => SERVE_SQLITE,
+            Group::ServePostgres => SERVE_POSTGRES,
+            Group::GatewaySqlite => GATEWAY_SQLITE,
+            Group::GatewayPostgres => GATEWAY_POSTGRES,
+            Group::GatewayRedis => GATEWAY_REDIS,
+            Group::PeerLayer => PEER_LAYER,
+            Group::Micro | Group::Memory => &[],
         }
+    }
+
+    /// How many variants the group runs: those its rows compare.
+    pub(crate) fn variant_count(self) -> usize {
+        let mut ids: Vec<&str> = self.comparisons().iter().flat_map(|c| [c.a, c.b]).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
     }
 
     /// Starts the group's servers and returns its variants; a variant that cannot run says
@@ -241,15 +101,17 @@ impl Group {
             Group::GatewaySqlite => {
                 let dir = tempfile::tempdir()?;
                 let url = sqlite_url(&dir.path().join("gateway.db"));
-                let (mut prepared, _) = gateway(env, StoreUrl::Sqlite(url), "SQLite").await?;
+                let mut prepared = gateway(env, StoreUrl::Sqlite(url), "SQLite")
+                    .await?
+                    .prepared;
                 prepared.teardown.keep(dir);
                 Ok(prepared)
             }
             Group::GatewayPostgres => {
                 postgres_up().await?;
                 let db = idem_store::testing::PgTestDatabase::create().await;
-                let (mut prepared, _) =
-                    gateway(env, StoreUrl::Postgres(db.url().to_owned()), "PostgreSQL").await?;
+                let store = StoreUrl::Postgres(db.url().to_owned());
+                let mut prepared = gateway(env, store, "PostgreSQL").await?.prepared;
                 prepared.teardown.keep(db);
                 Ok(prepared)
             }
@@ -296,7 +158,7 @@ pub(crate) struct Comparison {
 }
 
 impl Comparison {
-    fn new(
+    const fn new(
         id: &'static str,
         title: &'static str,
         a: &'static str,
@@ -312,6 +174,140 @@ impl Comparison {
         }
     }
 }
+
+/// B must reach `ratio` times A's throughput.
+const fn at_least(ratio: f64) -> Option<Target> {
+    Some(Target {
+        ratio,
+        ahead: false,
+    })
+}
+
+/// B must beat A.
+const AHEAD: Option<Target> = Some(Target {
+    ratio: 1.0,
+    ahead: true,
+});
+
+// Each group's rows: id, title, A, B (the ids of the variants its set-up makes), and the goal
+// for B/A if the issue set one.
+const SERVE_SQLITE: &[Comparison] = &[
+    Comparison::new(
+        "layer-sqlite",
+        "layer cost, SQLite",
+        "bare",
+        "idem",
+        at_least(0.8),
+    ),
+    Comparison::new(
+        "layer-sqlite-grouped",
+        "layer cost, SQLite, same writer",
+        "bare-grouped",
+        "idem",
+        None,
+    ),
+    Comparison::new(
+        "replays-sqlite",
+        "replays, SQLite",
+        "idem",
+        "replay",
+        at_least(3.0),
+    ),
+];
+
+const SERVE_POSTGRES: &[Comparison] = &[
+    Comparison::new(
+        "layer-postgres",
+        "layer cost, PostgreSQL",
+        "bare",
+        "idem",
+        None,
+    ),
+    Comparison::new(
+        "floor-pgbench",
+        "floor: pgbench, same transaction",
+        "pgbench",
+        "idem",
+        at_least(0.8),
+    ),
+    Comparison::new(
+        "floor-statements",
+        "pgbench sending idem's statements",
+        "pgbench-idem",
+        "idem",
+        None,
+    ),
+    Comparison::new(
+        "replays-postgres",
+        "replays, PostgreSQL",
+        "idem",
+        "replay",
+        at_least(3.0),
+    ),
+    Comparison::new(
+        "floor-claim-first",
+        "floor, without the replay read",
+        "pgbench",
+        "claim-first",
+        None,
+    ),
+    Comparison::new(
+        "replays-claim-first",
+        "replays, without the replay read",
+        "claim-first",
+        "claim-first-replay",
+        None,
+    ),
+];
+
+const GATEWAY_SQLITE: &[Comparison] = &[Comparison::new(
+    "gateway-sqlite",
+    "gateway, SQLite",
+    "upstream",
+    "proxy",
+    at_least(0.8),
+)];
+
+const GATEWAY_POSTGRES: &[Comparison] = &[Comparison::new(
+    "gateway-postgres",
+    "gateway, PostgreSQL",
+    "upstream",
+    "proxy",
+    at_least(0.8),
+)];
+
+const GATEWAY_REDIS: &[Comparison] = &[
+    Comparison::new(
+        "gateway-redis",
+        "gateway, Redis",
+        "upstream",
+        "proxy",
+        at_least(0.8),
+    ),
+    Comparison::new(
+        "gateway-redis-slow",
+        "gateway, Redis, 5 ms upstream",
+        "upstream-slow",
+        "proxy-slow",
+        None,
+    ),
+    Comparison::new(
+        "proxy-floor",
+        "any proxy: no idempotency",
+        "upstream",
+        "plain",
+        None,
+    ),
+    Comparison::new("peer-proxy", "peer proxy, Redis", "peer", "proxy", AHEAD),
+];
+
+const PEER_LAYER: &[Comparison] = &[Comparison::new(
+    "peer-layer",
+    "peer layer, Redis",
+    "peer",
+    "idem",
+    AHEAD,
+)];
 
 /// How a variant is loaded.
 #[derive(Debug, Clone)]
@@ -358,27 +354,23 @@ pub(crate) struct Env {
 }
 
 /// Everything a group started, stopped when the group is done.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Teardown {
     servers: Vec<Server>,
     peers: Vec<peers::Peer>,
-    keep: Vec<Box<dyn Any + Send>>,
+    keep: Vec<Box<dyn Debug + Send>>,
     redis_cleanup: Option<(String, String)>,
-}
-
-impl std::fmt::Debug for Teardown {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Teardown")
-            .field("servers", &self.servers)
-            .field("peers", &self.peers)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Teardown {
     /// Keeps `value` (a temporary folder, a throwaway database) alive until the group ends.
-    fn keep(&mut self, value: impl Any + Send) {
+    fn keep(&mut self, value: impl Debug + Send + 'static) {
         self.keep.push(Box::new(value));
+    }
+
+    /// Deletes the run's keys from the Redis server at `env`'s URL when the group ends.
+    fn clean_up_redis(&mut self, env: &Env) {
+        self.redis_cleanup = Some((env.settings.redis_url.clone(), format!("*{}*", env.tag)));
     }
 
     /// Stops servers and peers, deletes the run's Redis keys, then drops databases and
@@ -405,7 +397,7 @@ impl Teardown {
 #[derive(Debug, Default)]
 pub(crate) struct Prepared {
     /// Each variant, or why it cannot run.
-    pub(crate) variants: Vec<(&'static str, Result<Variant, String>)>,
+    pub(crate) variants: Vec<Entry>,
     /// What to stop afterwards.
     pub(crate) teardown: Teardown,
 }
@@ -413,12 +405,22 @@ pub(crate) struct Prepared {
 /// How many keys a replay workload cycles through.
 const REPLAY_KEYS: usize = 2000;
 
-fn sqlite_url(path: &std::path::Path) -> String {
-    format!("sqlite://{}", path.display())
+/// A variant as a group's set-up made it: its id, and the variant or why it cannot run.
+pub(crate) type Entry = (&'static str, Result<Variant, String>);
+
+/// An HTTP variant that is ready to run.
+fn ready(id: &'static str, label: impl Into<String>, target: HttpTarget) -> Entry {
+    (id, Ok(Variant::http(id, label, target)))
 }
 
-fn bearer() -> String {
-    format!("Bearer {TOKEN}")
+/// A variant that may not have started, with the cause's chain as the reason.
+fn entry(id: &'static str, variant: anyhow::Result<Variant>) -> Entry {
+    (id, variant.map_err(|e| format!("{e:#}")))
+}
+
+/// The SQLite database file at `path`, as `idem serve --database` takes it.
+pub(crate) fn sqlite_url(path: &Path) -> String {
+    format!("sqlite://{}", path.display())
 }
 
 /// A replay workload on `idem serve`: the keys are used once first, then cycled through.
@@ -444,6 +446,12 @@ async fn replay_variant(
     Ok(Variant::http(id, label, target))
 }
 
+/// The layer's baseline: the bare handler, the same INSERT without idempotency.
+fn bare_variant(bare: &Server) -> Entry {
+    let target = payment_post(&bare.url("/payments"));
+    ready("bare", "bare handler, same INSERT", target)
+}
+
 async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
     let dir = tempfile::tempdir()?;
     let url = sqlite_url(&dir.path().join("serve.db"));
@@ -452,41 +460,34 @@ async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
     // idem serve first: it creates the payments table the bare handler writes to.
     let idem = servers::idem_serve(&env.runtimes.subject, &url, true).await?;
     let bare = servers::bare_payments(&env.runtimes.subject, &url).await?;
-    let fresh = HttpTarget::post(&idem.url("/payments"), Some(&bearer()), PAYMENT);
-    let bare_target = HttpTarget::post(&bare.url("/payments"), Some(&bearer()), PAYMENT);
-    let grouped_target = HttpTarget::post(&bare.url("/grouped/payments"), Some(&bearer()), PAYMENT);
+    let fresh = payment_post(&idem.url("/payments"));
     let replay = replay_variant(env, &fresh, "replay", "idem serve, replays").await;
     prepared.variants = vec![
-        (
-            "bare",
-            Ok(Variant::http(
-                "bare",
-                "bare handler, same INSERT",
-                bare_target,
-            )),
-        ),
-        (
+        bare_variant(&bare),
+        ready(
             "bare-grouped",
-            Ok(Variant::http(
-                "bare-grouped",
-                "bare handler, group commit",
-                grouped_target,
-            )),
+            "bare handler, group commit",
+            payment_post(&bare.url("/grouped/payments")),
         ),
-        ("idem", Ok(Variant::http("idem", "idem serve", fresh))),
-        ("replay", replay.map_err(|e| format!("{e:#}"))),
+        ready("idem", "idem serve", fresh),
+        entry("replay", replay),
     ];
     prepared.teardown.servers.extend([idem, bare]);
     Ok(prepared)
 }
 
+/// Waits up to 5 s for `answer`, the first thing asked of `service`.
+async fn within_5s<T>(service: &str, answer: impl Future<Output = T>) -> anyhow::Result<T> {
+    tokio::time::timeout(Duration::from_secs(5), answer)
+        .await
+        .map_err(|_| anyhow::anyhow!("{service} did not answer within 5 s"))
+}
+
 /// Checks that the PostgreSQL server the throwaway databases live on answers.
 async fn postgres_up() -> anyhow::Result<()> {
     let url = idem_store::testing::admin_url();
-    let connect = sqlx::PgConnection::connect(&url);
-    let conn = tokio::time::timeout(Duration::from_secs(5), connect)
-        .await
-        .map_err(|_| anyhow::anyhow!("PostgreSQL did not answer within 5 s"))?
+    let conn = within_5s("PostgreSQL", sqlx::PgConnection::connect(&url))
+        .await?
         .with_context(|| {
             format!(
                 "PostgreSQL is not reachable at {} (set IDEM_TEST_PG_URL)",
@@ -516,10 +517,8 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
     let idem = servers::idem_serve(&env.runtimes.subject, &url, true).await?;
     let claim_first = servers::idem_serve(&env.runtimes.subject, &url, false).await?;
     let bare = servers::bare_payments(&env.runtimes.subject, &url).await?;
-    let fresh = HttpTarget::post(&idem.url("/payments"), Some(&bearer()), PAYMENT);
-    let fresh_claim_first =
-        HttpTarget::post(&claim_first.url("/payments"), Some(&bearer()), PAYMENT);
-    let bare_target = HttpTarget::post(&bare.url("/payments"), Some(&bearer()), PAYMENT);
+    let fresh = payment_post(&idem.url("/payments"));
+    let fresh_claim_first = payment_post(&claim_first.url("/payments"));
     let replay = replay_variant(env, &fresh, "replay", "idem serve, replays").await;
     let replay_claim_first = replay_variant(
         env,
@@ -530,47 +529,33 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
     .await;
     let available = pgbench::available().await;
     let pgbench = |id, label: &str, script| match &available {
-        Ok(_) => Pgbench::new(&url, dir.path(), script, SystemClock.now().0)
-            .map(|p| Variant {
+        Ok(_) => entry(
+            id,
+            Pgbench::new(&url, dir.path(), script, SystemClock.now().0).map(|p| Variant {
                 id,
                 label: label.into(),
                 driver: Driver::Pgbench(p),
                 children: Vec::new(),
-            })
-            .map_err(|e| format!("{e:#}")),
-        Err(why) => Err(why.clone()),
+            }),
+        ),
+        Err(why) => (id, Err(why.clone())),
     };
-    let floor = pgbench("pgbench", "pgbench, same transaction", Script::Transaction);
-    let statements = pgbench(
-        "pgbench-idem",
-        "pgbench, idem's 6 statements",
-        Script::IdemStatements,
-    );
     prepared.variants = vec![
-        (
-            "bare",
-            Ok(Variant::http(
-                "bare",
-                "bare handler, same INSERT",
-                bare_target,
-            )),
+        bare_variant(&bare),
+        ready("idem", "idem serve", fresh),
+        entry("replay", replay),
+        pgbench("pgbench", "pgbench, same transaction", Script::Transaction),
+        pgbench(
+            "pgbench-idem",
+            "pgbench, idem's 6 statements",
+            Script::IdemStatements,
         ),
-        ("idem", Ok(Variant::http("idem", "idem serve", fresh))),
-        ("replay", replay.map_err(|e| format!("{e:#}"))),
-        ("pgbench", floor),
-        ("pgbench-idem", statements),
-        (
+        ready(
             "claim-first",
-            Ok(Variant::http(
-                "claim-first",
-                "idem serve --no-replay-read",
-                fresh_claim_first,
-            )),
+            "idem serve --no-replay-read",
+            fresh_claim_first,
         ),
-        (
-            "claim-first-replay",
-            replay_claim_first.map_err(|e| format!("{e:#}")),
-        ),
+        entry("claim-first-replay", replay_claim_first),
     ];
     prepared.teardown.servers.extend([idem, claim_first, bare]);
     // Servers stop before the database is dropped.
@@ -579,39 +564,35 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
     Ok(prepared)
 }
 
-/// The upstream alone and `idem proxy` on `store` in front of it; also returns the
-/// upstream's payments URL.
-async fn gateway(
-    env: &Env,
-    store: StoreUrl,
-    store_name: &str,
-) -> anyhow::Result<(Prepared, String)> {
+/// What [`gateway`] started, and where each side takes payments.
+struct Gateway {
+    prepared: Prepared,
+    upstream: String,
+    proxy: String,
+}
+
+/// The upstream alone and `idem proxy` on `store` in front of it.
+async fn gateway(env: &Env, store: StoreUrl, store_name: &str) -> anyhow::Result<Gateway> {
     let upstream = servers::upstream(&env.runtimes.upstream).await?;
     let proxy = servers::gateway(&env.runtimes.subject, store, &upstream.url("")).await?;
+    let (upstream_url, proxy_url) = (upstream.url("/payments"), proxy.url("/payments"));
     let mut prepared = Prepared {
         variants: vec![
-            (
-                "upstream",
-                Ok(Variant::http(
-                    "upstream",
-                    "upstream alone",
-                    HttpTarget::post(&upstream.url("/payments"), Some(&bearer()), PAYMENT),
-                )),
-            ),
-            (
+            ready("upstream", "upstream alone", payment_post(&upstream_url)),
+            ready(
                 "proxy",
-                Ok(Variant::http(
-                    "proxy",
-                    format!("idem proxy, {store_name}"),
-                    HttpTarget::post(&proxy.url("/payments"), Some(&bearer()), PAYMENT),
-                )),
+                format!("idem proxy, {store_name}"),
+                payment_post(&proxy_url),
             ),
         ],
         teardown: Teardown::default(),
     };
-    let upstream_url = upstream.url("/payments");
     prepared.teardown.servers.extend([upstream, proxy]);
-    Ok((prepared, upstream_url))
+    Ok(Gateway {
+        prepared,
+        upstream: upstream_url,
+        proxy: proxy_url,
+    })
 }
 
 /// Checks that Redis answers a PING.
@@ -621,9 +602,8 @@ async fn redis_up(url: &str) -> anyhow::Result<()> {
         let mut conn = client.get_multiplexed_async_connection().await?;
         redis::cmd("PING").query_async::<String>(&mut conn).await
     };
-    tokio::time::timeout(Duration::from_secs(5), ping)
-        .await
-        .map_err(|_| anyhow::anyhow!("Redis did not answer within 5 s"))?
+    within_5s("Redis", ping)
+        .await?
         .with_context(|| format!("Redis is not reachable at {url}"))?;
     Ok(())
 }
@@ -663,81 +643,89 @@ fn peers_dir(env: &Env) -> PathBuf {
         .unwrap_or_else(peers::default_dir)
 }
 
+/// A peer idem is compared with, on the Redis server of the settings.
+#[derive(Debug, Clone, Copy)]
+enum PeerApp<'a> {
+    /// `idempotent-proxy-server` in front of `upstream`, a payments URL.
+    Proxy { upstream: &'a str },
+    /// Express with `express-idempotency`.
+    Express,
+}
+
+impl PeerApp<'_> {
+    /// Installs the peer under `dir` unless it is there already, and starts it.
+    async fn start(self, dir: &Path, redis_url: &str) -> anyhow::Result<peers::Peer> {
+        match self {
+            PeerApp::Proxy { upstream } => {
+                let binary = peers::install_proxy_peer(dir).await?;
+                peers::start_proxy_peer(&binary, upstream, redis_url).await
+            }
+            PeerApp::Express => {
+                let npm_dir = peers::install_express_peer(dir).await?;
+                peers::start_express_peer(&npm_dir, redis_url).await
+            }
+        }
+    }
+}
+
+/// The peer variant, unless `--no-peers`: installs `peer` (cached after the first run) and
+/// starts it; its process is stopped with the group.
+async fn peer_variant(env: &Env, teardown: &mut Teardown, peer: PeerApp<'_>) -> Entry {
+    if env.settings.no_peers {
+        return ("peer", Err("--no-peers".to_owned()));
+    }
+    let (package, label) = match peer {
+        PeerApp::Proxy { .. } => (peers::PROXY_CRATE, "idempotent-proxy-server, Redis"),
+        PeerApp::Express => (
+            "express-idempotency",
+            "Express + express-idempotency, Redis",
+        ),
+    };
+    env.progress
+        .set_message(format!("installing {package} (cached after the first run)"));
+    let peer = match peer.start(&peers_dir(env), &env.settings.redis_url).await {
+        Ok(peer) => peer,
+        Err(e) => return ("peer", Err(format!("{e:#}"))),
+    };
+    let mut variant = Variant::http("peer", label, payment_post(&peer.url));
+    variant.children = vec![(peer.pid, Component::Subject)];
+    teardown.peers.push(peer);
+    ("peer", Ok(variant))
+}
+
 async fn gateway_redis(env: &Env) -> anyhow::Result<Prepared> {
     let url = env.settings.redis_url.clone();
     redis_up(&url).await?;
     let prefix = format!("idem-bench:{}", env.tag);
-    let (mut prepared, upstream) =
-        gateway(env, StoreUrl::Redis(url.clone(), prefix), "Redis").await?;
-    prepared.teardown.redis_cleanup = Some((url.clone(), format!("*{}*", env.tag)));
+    let Gateway {
+        mut prepared,
+        upstream,
+        proxy,
+    } = gateway(env, StoreUrl::Redis(url.clone(), prefix), "Redis").await?;
+    prepared.teardown.clean_up_redis(env);
     // The same pair in front of an upstream that takes its time, as real APIs do.
     let slow = |id, label: &str, of: &str| {
         let url = format!("{}slow/payments", of.trim_end_matches("payments"));
-        (
-            id,
-            Ok(Variant::http(
-                id,
-                format!("{label}, {} ms", servers::SLOW_UPSTREAM.as_millis()),
-                HttpTarget::post(&url, Some(&bearer()), PAYMENT),
-            )),
-        )
-    };
-    let proxy_url = match prepared.variants.iter().find(|(id, _)| *id == "proxy") {
-        Some((
-            _,
-            Ok(Variant {
-                driver: Driver::Http(target),
-                ..
-            }),
-        )) => target.uri.to_string(),
-        _ => anyhow::bail!("gateway() makes an HTTP proxy variant"),
+        let label = format!("{label}, {} ms", servers::SLOW_UPSTREAM.as_millis());
+        ready(id, label, payment_post(&url))
     };
     prepared.variants.extend([
         slow("upstream-slow", "upstream alone", &upstream),
-        slow("proxy-slow", "idem proxy, Redis", &proxy_url),
+        slow("proxy-slow", "idem proxy, Redis", &proxy),
     ]);
-    let base = upstream.trim_end_matches("payments").to_owned();
-    let plain = servers::plain_proxy(&env.runtimes.subject, &base).await?;
-    prepared.variants.push((
+    let base = upstream.trim_end_matches("payments");
+    let plain = servers::plain_proxy(&env.runtimes.subject, base).await?;
+    prepared.variants.push(ready(
         "plain",
-        Ok(Variant::http(
-            "plain",
-            "plain reverse proxy (hyper)",
-            HttpTarget::post(&plain.url("/payments"), Some(&bearer()), PAYMENT),
-        )),
+        "plain reverse proxy (hyper)",
+        payment_post(&plain.url("/payments")),
     ));
     prepared.teardown.servers.push(plain);
-    let peer = if env.settings.no_peers {
-        Err("--no-peers".to_owned())
-    } else {
-        let work = tempfile::tempdir()?;
-        env.progress
-            .set_message("installing idempotent-proxy-server (cached after the first run)");
-        let started = async {
-            let binary = peers::install_proxy_peer(&peers_dir(env)).await?;
-            peers::start_proxy_peer(&binary, work.path(), &upstream, &url).await
-        }
-        .await;
-        prepared.teardown.keep(work);
-        match started {
-            Ok(peer) => {
-                let variant = Variant {
-                    id: "peer",
-                    label: "idempotent-proxy-server, Redis".into(),
-                    driver: Driver::Http(Arc::new(HttpTarget::post(
-                        &peer.url,
-                        Some(&bearer()),
-                        PAYMENT,
-                    ))),
-                    children: vec![(peer.pid, Component::Subject)],
-                };
-                prepared.teardown.peers.push(peer);
-                Ok(variant)
-            }
-            Err(e) => Err(format!("{e:#}")),
-        }
+    let peer = PeerApp::Proxy {
+        upstream: &upstream,
     };
-    prepared.variants.push(("peer", peer));
+    let peer = peer_variant(env, &mut prepared.teardown, peer).await;
+    prepared.variants.push(peer);
     Ok(prepared)
 }
 
@@ -745,47 +733,16 @@ async fn peer_layer(env: &Env) -> anyhow::Result<Prepared> {
     let url = env.settings.redis_url.clone();
     redis_up(&url).await?;
     let mut prepared = Prepared::default();
-    prepared.teardown.redis_cleanup = Some((url.clone(), format!("*{}*", env.tag)));
-    let idem = servers::layer_on_redis(
-        &env.runtimes.subject,
-        &url,
-        &format!("idem-bench:{}:layer", env.tag),
-    )
-    .await?;
-    let idem_variant = Variant::http(
+    prepared.teardown.clean_up_redis(env);
+    let prefix = format!("idem-bench:{}:layer", env.tag);
+    let idem = servers::layer_on_redis(&env.runtimes.subject, &url, &prefix).await?;
+    let idem_variant = ready(
         "idem",
         "axum + idem layer, Redis",
-        HttpTarget::post(&idem.url("/payments"), Some(&bearer()), PAYMENT),
+        payment_post(&idem.url("/payments")),
     );
     prepared.teardown.servers.push(idem);
-    let peer = if env.settings.no_peers {
-        Err("--no-peers".to_owned())
-    } else {
-        env.progress
-            .set_message("installing express-idempotency (cached after the first run)");
-        let started = async {
-            let npm_dir = peers::install_express_peer(&peers_dir(env)).await?;
-            peers::start_express_peer(&npm_dir, &url).await
-        }
-        .await;
-        match started {
-            Ok(peer) => {
-                let variant = Variant {
-                    id: "peer",
-                    label: "Express + express-idempotency, Redis".into(),
-                    driver: Driver::Http(Arc::new(HttpTarget::post(
-                        &peer.url,
-                        Some(&bearer()),
-                        PAYMENT,
-                    ))),
-                    children: vec![(peer.pid, Component::Subject)],
-                };
-                prepared.teardown.peers.push(peer);
-                Ok(variant)
-            }
-            Err(e) => Err(format!("{e:#}")),
-        }
-    };
-    prepared.variants = vec![("peer", peer), ("idem", Ok(idem_variant))];
+    let peer = peer_variant(env, &mut prepared.teardown, PeerApp::Express).await;
+    prepared.variants = vec![peer, idem_variant];
     Ok(prepared)
 }
