@@ -28,7 +28,7 @@ use utoipa::openapi::{
     RefOr, Required,
 };
 
-use super::App;
+use super::app::App;
 use super::backend::Backend;
 
 /// The media type of every problem-details answer (RFC 9457).

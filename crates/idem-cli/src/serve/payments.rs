@@ -9,7 +9,7 @@ use idem_core::{AccountId, Scope};
 use idem_tower::Tx;
 use serde_json::Value;
 
-use super::App;
+use super::app::App;
 use super::backend::{Backend, Payment};
 use crate::runtime::PAYMENTS_TOPIC;
 
