@@ -116,69 +116,78 @@ impl FakePsp {
     }
 }
 
-async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> Response {
-    psp.requests.fetch_add(1, Ordering::SeqCst);
-    psp.arrived.notify_waiters();
-    let Some(key) = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-    else {
-        return (StatusCode::BAD_REQUEST, "Idempotency-Key required").into_response();
-    };
-    #[derive(Deserialize)]
-    struct Request {
-        amount: i64,
-        currency: String,
-    }
-    let Ok(request) = serde_json::from_slice::<Request>(&body) else {
-        return (StatusCode::BAD_REQUEST, "invalid body").into_response();
-    };
-    // The work runs in its own task: a caller that hangs up does not stop a charge.
-    let work = tokio::spawn(async move {
-        // Each request takes at most one fault, in this order.
-        let (delay, fault, dedupe) = {
-            let mut faults = psp.faults.lock().await;
-            let fault = if faults.fail_next > 0 {
-                faults.fail_next -= 1;
-                Some(StatusCode::INTERNAL_SERVER_ERROR)
-            } else if faults.decline_next > 0 {
-                faults.decline_next -= 1;
-                Some(StatusCode::PAYMENT_REQUIRED)
-            } else {
-                None
-            };
-            (
-                Duration::from_millis(faults.delay_ms),
-                fault,
-                !faults.no_dedupe,
+/// The body of `POST /charges`.
+#[derive(Deserialize)]
+struct ChargeRequest {
+    amount: i64,
+    currency: String,
+}
+
+/// What one `POST /charges` came to.
+enum Outcome {
+    /// A new charge (`201`), or with `replayed` the key's earlier one (`200`).
+    Charged { charge: Charge, replayed: bool },
+    /// Charged, and the answer is to be lost.
+    Dropped,
+    /// Refused with this status; nothing was charged.
+    Refused(StatusCode),
+}
+
+impl IntoResponse for Outcome {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Dropped => {
+                // Charged; now lose the answer: the body fails, so the connection is cut.
+                let failing = futures_util::stream::once(async {
+                    Err::<Bytes, _>(std::io::Error::other("answer dropped by fault injection"))
+                });
+                (StatusCode::OK, Body::from_stream(failing)).into_response()
+            }
+            Self::Charged { charge, replayed } => {
+                let status = if replayed {
+                    StatusCode::OK
+                } else {
+                    StatusCode::CREATED
+                };
+                (status, Json(charge)).into_response()
+            }
+            Self::Refused(StatusCode::PAYMENT_REQUIRED) => (
+                StatusCode::PAYMENT_REQUIRED,
+                Json(serde_json::json!({"error": "card_declined"})),
             )
-        };
+                .into_response(),
+            Self::Refused(status) => (status, "charge failed").into_response(),
+        }
+    }
+}
+
+impl FakePsp {
+    /// Charges `request` once per `key`, suffering the faults set for it.
+    async fn make_charge(&self, key: String, body: Bytes, request: ChargeRequest) -> Outcome {
+        let (delay, fault, dedupe) = self.take_fault().await;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
         if let Some(status) = fault {
-            return Err(status);
+            return Outcome::Refused(status);
         }
-        let mut charges = psp.charges.lock().await;
+        let mut charges = self.charges.lock().await;
         let repeated = match charges.get(&key) {
             Some(existing) if dedupe => {
                 return if existing.body == body {
-                    Ok((existing.charge.clone(), true, false))
+                    Outcome::Charged {
+                        charge: existing.charge.clone(),
+                        replayed: true,
+                    }
                 } else {
-                    Err(StatusCode::UNPROCESSABLE_ENTITY)
+                    Outcome::Refused(StatusCode::UNPROCESSABLE_ENTITY)
                 };
             }
             Some(_) => true,
             None => false,
         };
-        let drop_answer = {
-            let mut faults = psp.faults.lock().await;
-            let drop = faults.drop_next > 0;
-            faults.drop_next = faults.drop_next.saturating_sub(1);
-            drop
-        };
-        let n = psp.next_id.fetch_add(1, Ordering::SeqCst) + 1;
+        let drop_answer = self.take_drop().await;
+        let n = self.next_id.fetch_add(1, Ordering::SeqCst) + 1;
         // A second charge for the key is kept apart, so the lookup still finds the first.
         let key = if repeated { format!("{key}#{n}") } else { key };
         let charge = Charge {
@@ -194,30 +203,62 @@ async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> 
                 charge: charge.clone(),
             },
         );
-        Ok((charge, false, drop_answer))
-    });
-    match work.await {
-        Ok(Ok((_, _, true))) => {
-            // Charged; now lose the answer: the body fails, so the connection is cut.
-            let failing = futures_util::stream::once(async {
-                Err::<Bytes, _>(std::io::Error::other("answer dropped by fault injection"))
-            });
-            (StatusCode::OK, Body::from_stream(failing)).into_response()
+        if drop_answer {
+            Outcome::Dropped
+        } else {
+            Outcome::Charged {
+                charge,
+                replayed: false,
+            }
         }
-        Ok(Ok((charge, replayed, false))) => {
-            let status = if replayed {
-                StatusCode::OK
-            } else {
-                StatusCode::CREATED
-            };
-            (status, Json(charge)).into_response()
-        }
-        Ok(Err(StatusCode::PAYMENT_REQUIRED)) => (
-            StatusCode::PAYMENT_REQUIRED,
-            Json(serde_json::json!({"error": "card_declined"})),
+    }
+
+    /// The delay, the refusal (if any) and whether to deduplicate, for the next request. Each
+    /// request takes at most one refusal: a failure first, then a decline.
+    async fn take_fault(&self) -> (Duration, Option<StatusCode>, bool) {
+        let mut faults = self.faults.lock().await;
+        let fault = if faults.fail_next > 0 {
+            faults.fail_next -= 1;
+            Some(StatusCode::INTERNAL_SERVER_ERROR)
+        } else if faults.decline_next > 0 {
+            faults.decline_next -= 1;
+            Some(StatusCode::PAYMENT_REQUIRED)
+        } else {
+            None
+        };
+        (
+            Duration::from_millis(faults.delay_ms),
+            fault,
+            !faults.no_dedupe,
         )
-            .into_response(),
-        Ok(Err(status)) => (status, "charge failed").into_response(),
+    }
+
+    /// Whether the answer to this charge is to be lost.
+    async fn take_drop(&self) -> bool {
+        let mut faults = self.faults.lock().await;
+        let drop = faults.drop_next > 0;
+        faults.drop_next = faults.drop_next.saturating_sub(1);
+        drop
+    }
+}
+
+async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> Response {
+    psp.requests.fetch_add(1, Ordering::SeqCst);
+    psp.arrived.notify_waiters();
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    else {
+        return (StatusCode::BAD_REQUEST, "Idempotency-Key required").into_response();
+    };
+    let Ok(request) = serde_json::from_slice::<ChargeRequest>(&body) else {
+        return (StatusCode::BAD_REQUEST, "invalid body").into_response();
+    };
+    // The work runs in its own task: a caller that hangs up does not stop a charge.
+    let work = tokio::spawn(async move { psp.make_charge(key, body, request).await });
+    match work.await {
+        Ok(outcome) => outcome.into_response(),
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }

@@ -133,103 +133,134 @@ async fn act<S: AdminStore>(store: &S, action: KeysAction) -> anyhow::Result<Exi
                 lease_expired_by: None,
                 limit,
             };
-            let records = store.list(&filter).await?;
-            println!(
-                "{:<20} {:<KEY_COLUMN$} {:<12} {:>8} {:<14} {:<16} OUTCOME",
-                "ACCOUNT", "KEY", "STATE", "AGE", "LEASE", "FINGERPRINT"
-            );
-            for record in &records {
-                let (state, lease, outcome) = describe(record, now);
-                // A key longer than its column (up to 255 characters) wraps onto lines of its
-                // own below, so the other columns stay aligned.
-                let mut key = wrapped(record.scope.key.as_str(), KEY_COLUMN);
-                println!(
-                    "{:<20} {:<KEY_COLUMN$} {:<12} {:>8} {:<14} {:<16} {}",
-                    record.scope.account.as_str(),
-                    key.next().unwrap_or_default(),
-                    state,
-                    age(record.created_at, now),
-                    lease,
-                    &record.fingerprint.to_string()[..16],
-                    outcome
-                );
-                for rest in key {
-                    println!("{:<20} {rest}", "");
-                }
-            }
-            println!("{} keys", records.len());
-            Ok(ExitCode::SUCCESS)
+            list(store, &filter, now).await
         }
-        KeysAction::Show { account, key, body } => {
-            let scope = scope(&account, &key)?;
-            let Some(record) = store.get(&scope).await? else {
-                eprintln!("no record for key {key:?} of account {account:?}");
-                return Ok(ExitCode::from(1));
-            };
-            let (state, lease, outcome) = describe(&record, now);
-            println!("account      {}", record.scope.account.as_str());
-            println!("key          {}", record.scope.key.as_str());
-            println!("state        {state}");
-            println!("age          {}", age(record.created_at, now));
-            println!("expires in   {}", age(now, record.expires_at));
-            println!("lease        {lease}");
-            println!("fingerprint  {}", record.fingerprint);
-            println!("outcome      {outcome}");
-            if let RecordState::Completed(response) = &record.state {
-                for (name, value) in &response.headers {
-                    println!("header       {name}: {value}");
-                }
-                if body {
-                    println!("body         {}", String::from_utf8_lossy(&response.body));
-                } else {
-                    println!(
-                        "body         ({} bytes; --body to show)",
-                        response.body.len()
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        KeysAction::Purge { account, key } => {
-            if store.purge(&scope(&account, &key)?).await? {
-                println!("purged key {key:?} of account {account:?}");
-                Ok(ExitCode::SUCCESS)
-            } else {
-                eprintln!("no record for key {key:?} of account {account:?}");
-                Ok(ExitCode::from(1))
-            }
-        }
+        KeysAction::Show { account, key, body } => show(store, &account, &key, body, now).await,
+        KeysAction::Purge { account, key } => purge(store, &account, &key).await,
         KeysAction::Complete {
             account,
             key,
             status,
             body,
-        } => {
-            anyhow::ensure!(
-                (100..600).contains(&status),
-                "--status must be an HTTP status"
-            );
-            let response = StoredResponse {
-                status,
-                headers: if body.is_empty() {
-                    vec![]
-                } else {
-                    vec![("content-type".into(), "application/json".into())]
-                },
-                body: body.into_bytes(),
-                body_omitted: false,
-            };
-            if store
-                .force_complete(&scope(&account, &key)?, &response)
-                .await?
-            {
-                println!("completed key {key:?} of account {account:?} with {status}");
-                Ok(ExitCode::SUCCESS)
-            } else {
-                eprintln!("key {key:?} of account {account:?} is not in progress");
-                Ok(ExitCode::from(1))
-            }
+        } => complete(store, &account, &key, status, body).await,
+    }
+}
+
+/// `idem keys list`: one line per record, a long key wrapped in its column.
+async fn list<S: AdminStore>(
+    store: &S,
+    filter: &RecordFilter,
+    now: Timestamp,
+) -> anyhow::Result<ExitCode> {
+    let records = store.list(filter).await?;
+    println!(
+        "{:<20} {:<KEY_COLUMN$} {:<12} {:>8} {:<14} {:<16} OUTCOME",
+        "ACCOUNT", "KEY", "STATE", "AGE", "LEASE", "FINGERPRINT"
+    );
+    for record in &records {
+        let (state, lease, outcome) = describe(record, now);
+        // A key longer than its column (up to 255 characters) wraps onto lines of its
+        // own below, so the other columns stay aligned.
+        let mut key = wrapped(record.scope.key.as_str(), KEY_COLUMN);
+        println!(
+            "{:<20} {:<KEY_COLUMN$} {:<12} {:>8} {:<14} {:<16} {}",
+            record.scope.account.as_str(),
+            key.next().unwrap_or_default(),
+            state,
+            age(record.created_at, now),
+            lease,
+            &record.fingerprint.to_string()[..16],
+            outcome
+        );
+        for rest in key {
+            println!("{:<20} {rest}", "");
         }
+    }
+    println!("{} keys", records.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `idem keys show`: every field of one record; its stored body only with `--body`.
+async fn show<S: AdminStore>(
+    store: &S,
+    account: &str,
+    key: &str,
+    body: bool,
+    now: Timestamp,
+) -> anyhow::Result<ExitCode> {
+    let scope = scope(account, key)?;
+    let Some(record) = store.get(&scope).await? else {
+        eprintln!("no record for key {key:?} of account {account:?}");
+        return Ok(ExitCode::from(1));
+    };
+    let (state, lease, outcome) = describe(&record, now);
+    println!("account      {}", record.scope.account.as_str());
+    println!("key          {}", record.scope.key.as_str());
+    println!("state        {state}");
+    println!("age          {}", age(record.created_at, now));
+    println!("expires in   {}", age(now, record.expires_at));
+    println!("lease        {lease}");
+    println!("fingerprint  {}", record.fingerprint);
+    println!("outcome      {outcome}");
+    if let RecordState::Completed(response) = &record.state {
+        for (name, value) in &response.headers {
+            println!("header       {name}: {value}");
+        }
+        if body {
+            println!("body         {}", String::from_utf8_lossy(&response.body));
+        } else {
+            println!(
+                "body         ({} bytes; --body to show)",
+                response.body.len()
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `idem keys purge`: deletes one record, 1 if there was none.
+async fn purge<S: AdminStore>(store: &S, account: &str, key: &str) -> anyhow::Result<ExitCode> {
+    if store.purge(&scope(account, key)?).await? {
+        println!("purged key {key:?} of account {account:?}");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("no record for key {key:?} of account {account:?}");
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// `idem keys complete`: stores `status` and `body` as an in-progress key's outcome, 1 if the
+/// key is not in progress.
+async fn complete<S: AdminStore>(
+    store: &S,
+    account: &str,
+    key: &str,
+    status: u16,
+    body: String,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        (100..600).contains(&status),
+        "--status must be an HTTP status"
+    );
+    let response = StoredResponse {
+        status,
+        headers: if body.is_empty() {
+            vec![]
+        } else {
+            vec![("content-type".into(), "application/json".into())]
+        },
+        body: body.into_bytes(),
+        body_omitted: false,
+    };
+    if store
+        .force_complete(&scope(account, key)?, &response)
+        .await?
+    {
+        println!("completed key {key:?} of account {account:?} with {status}");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("key {key:?} of account {account:?} is not in progress");
+        Ok(ExitCode::from(1))
     }
 }
 

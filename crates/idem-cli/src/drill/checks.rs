@@ -10,8 +10,9 @@ use reqwest::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 use serde_json::Value;
 
+use super::Drill;
 use super::body::{JsonObject, id_in};
-use super::{Check, Drill, Report};
+use super::report::{Check, Report};
 
 const CONCURRENT: &str = "concurrent";
 const REPLAY: &str = "replay";

@@ -127,45 +127,267 @@ where
     })
 }
 
+/// The service's statements in one database's SQL. Both databases bind the same values in
+/// the same order; they differ in placeholders and in how a time is kept (SQLite: Unix
+/// milliseconds; PostgreSQL: `timestamptz`, converted exactly, see idem-store's PgStore).
+struct Statements {
+    insert_receipt: &'static str,
+    /// The payment, or nothing when a payment holds its key already.
+    insert_payment_if_key_free: &'static str,
+    /// The payment; fails on the UNIQUE when a payment holds its key.
+    insert_payment: &'static str,
+    /// Takes the key away from a payment made before the key's retention ended.
+    retire_key: &'static str,
+    next_invoice_number: &'static str,
+    insert_invoice: &'static str,
+    find_payment: &'static str,
+    list_payments: &'static str,
+}
+
+/// The clause that turns a payment's insert into nothing when a payment holds its key.
+macro_rules! if_key_free {
+    () => {
+        " ON CONFLICT (account_id, idem_key) DO NOTHING"
+    };
+}
+
+macro_rules! sqlite_insert_payment {
+    () => {
+        "INSERT INTO payments
+             (id, account_id, idem_key, amount, currency, status, reference, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+    };
+}
+
+macro_rules! sqlite_select_payment {
+    () => {
+        "SELECT id, amount, currency, status, reference, created_at FROM payments"
+    };
+}
+
+const SQLITE: Statements = Statements {
+    insert_receipt:
+        "INSERT INTO receipts (event_id, payment_id, account_id, amount, currency, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    insert_payment_if_key_free: concat!(sqlite_insert_payment!(), if_key_free!()),
+    insert_payment: sqlite_insert_payment!(),
+    retire_key: "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
+         WHERE account_id = ?1 AND idem_key = ?2 AND created_at <= ?3",
+    next_invoice_number: "INSERT INTO invoice_counters (account_id, last_number) VALUES (?1, 1)
+         ON CONFLICT (account_id) DO UPDATE SET last_number = last_number + 1
+         RETURNING last_number",
+    insert_invoice:
+        "INSERT INTO invoices (id, account_id, number, amount, currency, idem_key, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    find_payment: concat!(
+        sqlite_select_payment!(),
+        " WHERE id = ?1 AND account_id = ?2"
+    ),
+    list_payments: concat!(
+        sqlite_select_payment!(),
+        " WHERE account_id = ?1 ORDER BY created_at DESC, id DESC LIMIT ?2"
+    ),
+};
+
+macro_rules! pg_insert_payment {
+    () => {
+        "INSERT INTO payments
+             (id, account_id, idem_key, amount, currency, status, reference, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7,
+                 to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')"
+    };
+}
+
+macro_rules! pg_select_payment {
+    () => {
+        "SELECT id, amount, currency, status, reference,
+                (extract(epoch FROM created_at) * 1000)::bigint AS created_at
+         FROM payments"
+    };
+}
+
+const POSTGRES: Statements = Statements {
+    insert_receipt:
+        "INSERT INTO receipts (event_id, payment_id, account_id, amount, currency, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    insert_payment_if_key_free: concat!(pg_insert_payment!(), if_key_free!()),
+    insert_payment: pg_insert_payment!(),
+    retire_key: "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
+         WHERE account_id = $1 AND idem_key = $2
+           AND created_at <= to_timestamp($3 / 1000) + ($3 % 1000) * interval '1 millisecond'",
+    // The counter row's lock orders concurrent invoices of one account; it is held until the
+    // request's transaction ends, so numbers are issued in commit order, without gaps.
+    next_invoice_number:
+        "INSERT INTO invoice_counters AS c (account_id, last_number) VALUES ($1, 1)
+         ON CONFLICT (account_id) DO UPDATE SET last_number = c.last_number + 1
+         RETURNING last_number",
+    insert_invoice:
+        "INSERT INTO invoices (id, account_id, number, amount, currency, idem_key, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6,
+                 to_timestamp($7 / 1000) + ($7 % 1000) * interval '1 millisecond')",
+    find_payment: concat!(pg_select_payment!(), " WHERE id = $1 AND account_id = $2"),
+    list_payments: concat!(
+        pg_select_payment!(),
+        " WHERE account_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2"
+    ),
+};
+
+/// The [`Backend`] items that are the same code on both databases, written once: `$sql`
+/// holds the database's statements, `$writer` and `$readers` name the store's pools.
+macro_rules! shared_methods {
+    (db: $db:ty, tx: $tx:ty, sql: $sql:expr, writer: $writer:ident, readers: $readers:ident) => {
+        type Db = $db;
+
+        fn write_pool(&self) -> &sqlx::Pool<$db> {
+            self.$writer()
+        }
+
+        async fn insert_receipt<'a>(
+            conn: &'a mut <$db as sqlx::Database>::Connection,
+            receipt: &'a Receipt,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query($sql.insert_receipt)
+                .bind(&receipt.event_id)
+                .bind(&receipt.payment_id)
+                .bind(&receipt.account_id)
+                .bind(receipt.amount)
+                .bind(&receipt.currency)
+                .bind(receipt.created_at)
+                .execute(conn)
+                .await?;
+            Ok(())
+        }
+
+        async fn insert_payment<'a>(
+            tx: &'a mut $tx,
+            account: &'a str,
+            key: Option<&'a str>,
+            retired_before: i64,
+            payment: &'a Payment,
+            event: Option<&'a idem_consumer::Message>,
+        ) -> Result<(), sqlx::Error> {
+            let insert = |sql: &'static str| {
+                sqlx::query(sql)
+                    .bind(&payment.id)
+                    .bind(account)
+                    .bind(key)
+                    .bind(payment.amount)
+                    .bind(&payment.currency)
+                    .bind(&payment.status)
+                    .bind(&payment.reference)
+                    .bind(payment.created_at)
+            };
+            // The common case in one round trip: the key holds no payment yet. (A failed
+            // INSERT would abort a PostgreSQL transaction, hence DO NOTHING and a look at the
+            // count.)
+            let inserted = insert($sql.insert_payment_if_key_free)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected();
+            if inserted == 0 {
+                // A payment holds the key. Only one made before the key's retention ended may
+                // give it up; if it is younger, the plain insert below fails on the UNIQUE:
+                // the safety net against a duplicate the layer let through.
+                sqlx::query($sql.retire_key)
+                    .bind(account)
+                    .bind(key)
+                    .bind(retired_before)
+                    .execute(&mut **tx)
+                    .await?;
+                insert($sql.insert_payment).execute(&mut **tx).await?;
+            }
+            if let Some(event) = event {
+                idem_consumer::enqueue::<$db>(&mut **tx, event, payment.created_at).await?;
+            }
+            Ok(())
+        }
+
+        async fn issue_invoice<'a>(
+            tx: &'a mut $tx,
+            account: &'a str,
+            key: &'a str,
+            invoice: &'a mut Invoice,
+        ) -> Result<(), sqlx::Error> {
+            invoice.number = sqlx::query_scalar($sql.next_invoice_number)
+                .bind(account)
+                .fetch_one(&mut **tx)
+                .await?;
+            sqlx::query($sql.insert_invoice)
+                .bind(&invoice.id)
+                .bind(account)
+                .bind(invoice.number)
+                .bind(invoice.amount)
+                .bind(&invoice.currency)
+                .bind(key)
+                .bind(invoice.created_at)
+                .execute(&mut **tx)
+                .await?;
+            Ok(())
+        }
+
+        async fn find_payment(
+            &self,
+            account: &str,
+            id: &str,
+        ) -> Result<Option<Payment>, sqlx::Error> {
+            let row = sqlx::query($sql.find_payment)
+                .bind(id)
+                .bind(account)
+                .fetch_optional(self.$readers())
+                .await?;
+            row.as_ref().map(payment_from_row).transpose()
+        }
+
+        async fn list_payments(
+            &self,
+            account: &str,
+            limit: i64,
+        ) -> Result<Vec<Payment>, sqlx::Error> {
+            let rows = sqlx::query($sql.list_payments)
+                .bind(account)
+                .bind(limit)
+                .fetch_all(self.$readers())
+                .await?;
+            rows.iter().map(payment_from_row).collect()
+        }
+
+        async fn ping(&self) -> Result<(), sqlx::Error> {
+            sqlx::query("SELECT 1")
+                .execute(self.$readers())
+                .await
+                .map(|_| ())
+        }
+    };
+}
+
+/// Applies the service's own migrations (`migrator`, with its own history table) and then
+/// the outbox's and inbox's.
+async fn migrate<DB>(
+    mut migrator: sqlx::migrate::Migrator,
+    pool: &sqlx::Pool<DB>,
+) -> anyhow::Result<()>
+where
+    DB: idem_consumer::Database,
+    DB::Connection: sqlx::migrate::Migrate,
+{
+    migrator.dangerous_set_table_name("idem_serve_migrations");
+    migrator
+        .run(pool)
+        .await
+        .context("cannot migrate the payments schema")?;
+    DB::migrate(pool)
+        .await
+        .context("cannot migrate the outbox and inbox schema")
+}
+
 impl Backend for SqliteStore {
-    type Db = sqlx::Sqlite;
-
-    fn write_pool(&self) -> &sqlx::SqlitePool {
-        self.writer()
-    }
-
-    async fn insert_receipt<'a>(
-        conn: &'a mut sqlx::SqliteConnection,
-        receipt: &'a Receipt,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO receipts (event_id, payment_id, account_id, amount, currency, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )
-        .bind(&receipt.event_id)
-        .bind(&receipt.payment_id)
-        .bind(&receipt.account_id)
-        .bind(receipt.amount)
-        .bind(&receipt.currency)
-        .bind(receipt.created_at)
-        .execute(conn)
-        .await?;
-        Ok(())
-    }
+    shared_methods!(db: sqlx::Sqlite, tx: SqliteTx, sql: SQLITE, writer: writer, readers: readers);
 
     async fn open_service(url: &str) -> anyhow::Result<Self> {
         let store = SqliteStore::connect(url)
             .await
             .with_context(|| format!("cannot open the database {url}"))?;
-        let mut migrator = sqlx::migrate!("migrations/sqlite");
-        migrator.dangerous_set_table_name("idem_serve_migrations");
-        migrator
-            .run(store.writer())
-            .await
-            .context("cannot migrate the payments schema")?;
-        <sqlx::Sqlite as idem_consumer::Database>::migrate(store.writer())
-            .await
-            .context("cannot migrate the outbox and inbox schema")?;
+        migrate(sqlx::migrate!("migrations/sqlite"), store.writer()).await?;
         Ok(store)
     }
 
@@ -178,167 +400,20 @@ impl Backend for SqliteStore {
         tx.commit().await
     }
 
-    async fn insert_payment<'a>(
-        tx: &'a mut SqliteTx,
-        account: &'a str,
-        key: Option<&'a str>,
-        retired_before: i64,
-        payment: &'a Payment,
-        event: Option<&'a idem_consumer::Message>,
-    ) -> Result<(), sqlx::Error> {
-        let insert = |conflict: &'static str| {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO payments
-                     (id, account_id, idem_key, amount, currency, status, reference, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) {conflict}"
-            )))
-            .bind(&payment.id)
-            .bind(account)
-            .bind(key)
-            .bind(payment.amount)
-            .bind(&payment.currency)
-            .bind(&payment.status)
-            .bind(&payment.reference)
-            .bind(payment.created_at)
-        };
-        // The common case in one statement: the key holds no payment yet.
-        let inserted = insert("ON CONFLICT (account_id, idem_key) DO NOTHING")
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
-        if inserted == 0 {
-            // A payment holds the key. Only one made before the key's retention ended may
-            // give it up; if it is younger, the plain insert below fails on the UNIQUE: the
-            // safety net against a duplicate the layer let through.
-            sqlx::query(
-                "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
-                 WHERE account_id = ?1 AND idem_key = ?2 AND created_at <= ?3",
-            )
-            .bind(account)
-            .bind(key)
-            .bind(retired_before)
-            .execute(&mut **tx)
-            .await?;
-            insert("").execute(&mut **tx).await?;
-        }
-        if let Some(event) = event {
-            idem_consumer::enqueue::<sqlx::Sqlite>(&mut **tx, event, payment.created_at).await?;
-        }
-        Ok(())
-    }
-
-    async fn issue_invoice<'a>(
-        tx: &'a mut SqliteTx,
-        account: &'a str,
-        key: &'a str,
-        invoice: &'a mut Invoice,
-    ) -> Result<(), sqlx::Error> {
-        invoice.number = sqlx::query_scalar(
-            "INSERT INTO invoice_counters (account_id, last_number) VALUES (?1, 1)
-             ON CONFLICT (account_id) DO UPDATE SET last_number = last_number + 1
-             RETURNING last_number",
-        )
-        .bind(account)
-        .fetch_one(&mut **tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO invoices (id, account_id, number, amount, currency, idem_key, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )
-        .bind(&invoice.id)
-        .bind(account)
-        .bind(invoice.number)
-        .bind(invoice.amount)
-        .bind(&invoice.currency)
-        .bind(key)
-        .bind(invoice.created_at)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    async fn find_payment(&self, account: &str, id: &str) -> Result<Option<Payment>, sqlx::Error> {
-        let row = sqlx::query(
-            "SELECT id, amount, currency, status, reference, created_at FROM payments
-             WHERE id = ?1 AND account_id = ?2",
-        )
-        .bind(id)
-        .bind(account)
-        .fetch_optional(self.readers())
-        .await?;
-        row.as_ref().map(payment_from_row).transpose()
-    }
-
-    async fn list_payments(&self, account: &str, limit: i64) -> Result<Vec<Payment>, sqlx::Error> {
-        let rows = sqlx::query(
-            "SELECT id, amount, currency, status, reference, created_at FROM payments
-             WHERE account_id = ?1 ORDER BY created_at DESC, id DESC LIMIT ?2",
-        )
-        .bind(account)
-        .bind(limit)
-        .fetch_all(self.readers())
-        .await?;
-        rows.iter().map(payment_from_row).collect()
-    }
-
-    async fn ping(&self) -> Result<(), sqlx::Error> {
-        sqlx::query("SELECT 1")
-            .execute(self.readers())
-            .await
-            .map(|_| ())
-    }
-
     /// One SQLite file serves one process: waking this process's waiters is enough.
     async fn outcome_signal(&self) -> anyhow::Result<OutcomeSignal> {
         Ok(OutcomeSignal::default())
     }
 }
 
-// Times are Unix milliseconds in the API and `timestamptz` in PostgreSQL; these convert
-// exactly (see idem-store's PgStore).
-const PG_SELECT_PAYMENT: &str = "SELECT id, amount, currency, status, reference,
-        (extract(epoch FROM created_at) * 1000)::bigint AS created_at
- FROM payments";
-
 impl Backend for PgStore {
-    type Db = sqlx::Postgres;
-
-    fn write_pool(&self) -> &sqlx::PgPool {
-        self.pool()
-    }
-
-    async fn insert_receipt<'a>(
-        conn: &'a mut sqlx::PgConnection,
-        receipt: &'a Receipt,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO receipts (event_id, payment_id, account_id, amount, currency, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(&receipt.event_id)
-        .bind(&receipt.payment_id)
-        .bind(&receipt.account_id)
-        .bind(receipt.amount)
-        .bind(&receipt.currency)
-        .bind(receipt.created_at)
-        .execute(conn)
-        .await?;
-        Ok(())
-    }
+    shared_methods!(db: sqlx::Postgres, tx: PgTx, sql: POSTGRES, writer: pool, readers: pool);
 
     async fn open_service(url: &str) -> anyhow::Result<Self> {
         let store = PgStore::connect(url)
             .await
             .with_context(|| format!("cannot open the database {}", redact(url)))?;
-        let mut migrator = sqlx::migrate!("migrations/postgres");
-        migrator.dangerous_set_table_name("idem_serve_migrations");
-        migrator
-            .run(store.pool())
-            .await
-            .context("cannot migrate the payments schema")?;
-        <sqlx::Postgres as idem_consumer::Database>::migrate(store.pool())
-            .await
-            .context("cannot migrate the outbox and inbox schema")?;
+        migrate(sqlx::migrate!("migrations/postgres"), store.pool()).await?;
         Ok(store)
     }
 
@@ -348,121 +423,6 @@ impl Backend for PgStore {
 
     async fn commit(tx: PgTx) -> idem_store::Result<()> {
         Ok(tx.commit().await?)
-    }
-
-    async fn insert_payment<'a>(
-        tx: &'a mut PgTx,
-        account: &'a str,
-        key: Option<&'a str>,
-        retired_before: i64,
-        payment: &'a Payment,
-        event: Option<&'a idem_consumer::Message>,
-    ) -> Result<(), sqlx::Error> {
-        let insert = |conflict: &'static str| {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO payments
-                     (id, account_id, idem_key, amount, currency, status, reference, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7,
-                         to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')
-                 {conflict}"
-            )))
-            .bind(&payment.id)
-            .bind(account)
-            .bind(key)
-            .bind(payment.amount)
-            .bind(&payment.currency)
-            .bind(&payment.status)
-            .bind(&payment.reference)
-            .bind(payment.created_at)
-        };
-        // The common case in one round trip: the key holds no payment yet. (A failed INSERT
-        // would abort the transaction, hence DO NOTHING and a look at the count.)
-        let inserted = insert("ON CONFLICT (account_id, idem_key) DO NOTHING")
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
-        if inserted == 0 {
-            // A payment holds the key. Only one made before the key's retention ended may
-            // give it up; if it is younger, the plain insert below fails on the UNIQUE: the
-            // safety net against a duplicate the layer let through.
-            sqlx::query(
-                "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
-                 WHERE account_id = $1 AND idem_key = $2
-                   AND created_at <= to_timestamp($3 / 1000) + ($3 % 1000) * interval '1 millisecond'",
-            )
-            .bind(account)
-            .bind(key)
-            .bind(retired_before)
-            .execute(&mut **tx)
-            .await?;
-            insert("").execute(&mut **tx).await?;
-        }
-        if let Some(event) = event {
-            idem_consumer::enqueue::<sqlx::Postgres>(&mut **tx, event, payment.created_at).await?;
-        }
-        Ok(())
-    }
-
-    async fn issue_invoice<'a>(
-        tx: &'a mut PgTx,
-        account: &'a str,
-        key: &'a str,
-        invoice: &'a mut Invoice,
-    ) -> Result<(), sqlx::Error> {
-        // The counter row's lock orders concurrent invoices of one account; it is held until
-        // the request's transaction ends, so numbers are issued in commit order, without gaps.
-        invoice.number = sqlx::query_scalar(
-            "INSERT INTO invoice_counters AS c (account_id, last_number) VALUES ($1, 1)
-             ON CONFLICT (account_id) DO UPDATE SET last_number = c.last_number + 1
-             RETURNING last_number",
-        )
-        .bind(account)
-        .fetch_one(&mut **tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO invoices (id, account_id, number, amount, currency, idem_key, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6,
-                     to_timestamp($7 / 1000) + ($7 % 1000) * interval '1 millisecond')",
-        )
-        .bind(&invoice.id)
-        .bind(account)
-        .bind(invoice.number)
-        .bind(invoice.amount)
-        .bind(&invoice.currency)
-        .bind(key)
-        .bind(invoice.created_at)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    async fn find_payment(&self, account: &str, id: &str) -> Result<Option<Payment>, sqlx::Error> {
-        let row = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "{PG_SELECT_PAYMENT} WHERE id = $1 AND account_id = $2"
-        )))
-        .bind(id)
-        .bind(account)
-        .fetch_optional(self.pool())
-        .await?;
-        row.as_ref().map(payment_from_row).transpose()
-    }
-
-    async fn list_payments(&self, account: &str, limit: i64) -> Result<Vec<Payment>, sqlx::Error> {
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "{PG_SELECT_PAYMENT} WHERE account_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2"
-        )))
-        .bind(account)
-        .bind(limit)
-        .fetch_all(self.pool())
-        .await?;
-        rows.iter().map(payment_from_row).collect()
-    }
-
-    async fn ping(&self) -> Result<(), sqlx::Error> {
-        sqlx::query("SELECT 1")
-            .execute(self.pool())
-            .await
-            .map(|_| ())
     }
 
     /// Relays wake-ups through `NOTIFY idem_outcome, '<key label>'`, which every instance

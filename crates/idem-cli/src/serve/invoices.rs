@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use idem_core::Scope;
 use idem_tower::Tx;
 
-use super::App;
+use super::app::App;
 use super::backend::{Backend, Invoice};
 use super::payments::{database_error, invalid, parse_request};
 

@@ -15,7 +15,7 @@ use utoipa::openapi::extensions::Extensions;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{
-    HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn, PathItem,
+    HttpMethod, Operation, OperationBuilder, Parameter, ParameterBuilder, ParameterIn, PathItem,
 };
 use utoipa::openapi::request_body::RequestBodyBuilder;
 use utoipa::openapi::response::{ResponseBuilder, ResponsesBuilder};
@@ -24,11 +24,11 @@ use utoipa::openapi::schema::{
 };
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{
-    ComponentsBuilder, ContentBuilder, InfoBuilder, OpenApi, OpenApiBuilder, PathsBuilder, Ref,
-    RefOr, Required,
+    Components, ComponentsBuilder, ContentBuilder, InfoBuilder, OpenApi, OpenApiBuilder, Paths,
+    PathsBuilder, Ref, RefOr, Required,
 };
 
-use super::App;
+use super::app::App;
 use super::backend::Backend;
 
 /// The media type of every problem-details answer (RFC 9457).
@@ -158,7 +158,44 @@ pub(crate) fn key_pattern(limits: KeyLimits) -> String {
 }
 
 fn build(policy: &Policy) -> OpenApi {
-    let limits = policy.key_limits;
+    OpenApiBuilder::new()
+        .info(
+            InfoBuilder::new()
+                .title("idem serve")
+                .version(env!("CARGO_PKG_VERSION"))
+                .description(Some(
+                    "The reference payments API of idem: every POST takes an Idempotency-Key, and a retry of the same request with the same key gets the first answer again instead of a second payment.",
+                ))
+                .build(),
+        )
+        .paths(paths())
+        .components(Some(components(policy)))
+        .build()
+}
+
+/// Every route, one operation each; `/payments` twice, for its POST and its GET.
+fn paths() -> Paths {
+    let operations = [
+        ("/payments", HttpMethod::Post, create_payment()),
+        ("/payments", HttpMethod::Get, list_payments()),
+        ("/payments/{id}", HttpMethod::Get, get_payment()),
+        ("/invoices", HttpMethod::Post, create_invoice()),
+        ("/payouts", HttpMethod::Post, create_payout()),
+        ("/healthz", HttpMethod::Get, healthz()),
+        ("/metrics", HttpMethod::Get, metrics()),
+        ("/idempotency-policy", HttpMethod::Get, idempotency_policy()),
+        ("/openapi.json", HttpMethod::Get, openapi_json()),
+    ];
+    operations
+        .into_iter()
+        .fold(PathsBuilder::new(), |paths, (path, method, operation)| {
+            paths.path(path, PathItem::new(method, operation))
+        })
+        .build()
+}
+
+/// The security scheme, the key parameter, the shared headers and every schema.
+fn components(policy: &Policy) -> Components {
     let mut components = ComponentsBuilder::new()
         .security_scheme(
             "bearer",
@@ -171,63 +208,14 @@ fn build(policy: &Policy) -> OpenApi {
                     .build(),
             ),
         )
-        .parameter(
-            "IdempotencyKey",
-            ParameterBuilder::new()
-                .name("Idempotency-Key")
-                .parameter_in(ParameterIn::Header)
-                .required(Required::True)
-                .description(Some(format!(
-                    "One key per intent, reused by every retry of it: {}-{} characters of visible ASCII (0x21-0x7E), as a bare token (Stripe's form; no `\"`, `,` or `;`) or an RFC 9651 sf-string (`\"...\"`, the IETF draft's form); both name the same key. Scoped to the authenticated account, remembered for {} s.",
-                    limits.min_len,
-                    limits.max_len,
-                    policy.retention.as_secs()
-                )))
-                .schema(Some(
-                    ObjectBuilder::new()
-                        .schema_type(Type::String)
-                        .min_length(Some(limits.min_len))
-                        // The sf-string form: every character escaped, plus the two quotes.
-                        .max_length(Some(limits.max_len * 2 + 2))
-                        .pattern(Some(key_pattern(limits))),
-                ))
-                .build(),
-        )
-        .header(
-            "IdempotentReplayed",
-            HeaderBuilder::new()
-                .schema(Some(string_enum(&["true"])))
-                .description(Some(
-                    "Present on a replay: the stored answer of the key's first request; the work was not done again.",
-                ))
-                .build(),
-        )
-        .header(
-            "IdempotentReplay",
-            HeaderBuilder::new()
-                .schema(Some(string_enum(&["omitted"])))
-                .description(Some(
-                    "On a replay whose original body was over the storage cap: status and headers as stored, empty body.",
-                ))
-                .build(),
-        )
-        .header(
-            "Location",
-            HeaderBuilder::new()
-                .schema(Some(string()))
-                .description(Some("The created payment, `/payments/{id}`."))
-                .build(),
-        )
-        .header(
-            "WwwAuthenticate",
-            HeaderBuilder::new()
-                .schema(Some(string_enum(&["Bearer"])))
-                .build(),
-        );
+        .parameter("IdempotencyKey", key_parameter(policy));
+    for (name, header) in headers() {
+        components = components.header(name, header);
+    }
     for problem in PROBLEMS {
         components = components.schema(problem.schema, problem_schema(problem));
     }
-    let components = components
+    components
         .schema("PaymentRequest", payment_request())
         .schema("Payment", payment())
         .schema("PaymentList", payment_list())
@@ -235,223 +223,256 @@ fn build(policy: &Policy) -> OpenApi {
         .schema("Payout", payout())
         .schema("Health", health())
         .schema("PublishedPolicy", published_policy())
-        .build();
-
-    let paths = PathsBuilder::new()
-        .path(
-            "/payments",
-            PathItem::new(
-                HttpMethod::Post,
-                covered_post(
-                    "createPayment",
-                    "Create a payment",
-                    "Charges `amount` minor units of `currency` once per Idempotency-Key: a retry with the same key and body replays the first answer.",
-                    ResponseBuilder::new()
-                        .description("The payment was made (or, with Idempotent-Replayed, made by the key's first request).")
-                        .content(JSON, content_ref("Payment"))
-                        .header_ref("Location", header("Location"))
-                        .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
-                        .header_ref("Idempotent-Replay", header("IdempotentReplay"))
-                        .link(
-                            "GetPaymentById",
-                            LinkBuilder::new()
-                                .operation_id("getPayment")
-                                .parameter("id", "$response.body#/id")
-                                .description("The payment just created.")
-                                .build(),
-                        ),
-                    &["InUseProblem"],
-                    &[],
-                    true,
-                ),
-            ),
-        )
-        .path(
-            "/payments",
-            PathItem::new(
-                HttpMethod::Get,
-                authenticated(
-                    "listPayments",
-                    "List the account's payments",
-                    "The authenticated account's payments, newest first, at most 100.",
-                )
-                .response(
-                    "200",
-                    ResponseBuilder::new()
-                        .description("The account's payments.")
-                        .content(JSON, content_ref("PaymentList")),
-                )
-                .response("401", unauthorized())
-                .response("503", problem_response("The database is unavailable.", &["StoreUnavailableProblem"], true)),
-            ),
-        )
-        .path(
-            "/payments/{id}",
-            PathItem::new(
-                HttpMethod::Get,
-                authenticated(
-                    "getPayment",
-                    "Show a payment",
-                    "Only the account that made the payment sees it; any other account gets 404.",
-                )
-                .parameter(
-                    ParameterBuilder::new()
-                        .name("id")
-                        .parameter_in(ParameterIn::Path)
-                        .required(Required::True)
-                        .description(Some("The payment's id, as `POST /payments` returned it (`pay_…`)."))
-                        .schema(Some(ObjectBuilder::new().schema_type(Type::String).min_length(Some(1))))
-                        .build(),
-                )
-                .response(
-                    "200",
-                    ResponseBuilder::new()
-                        .description("The payment.")
-                        .content(JSON, content_ref("Payment")),
-                )
-                .response("401", unauthorized())
-                .response("404", problem_response("No such payment in this account.", &["NotFoundProblem"], false))
-                .response("503", problem_response("The database is unavailable.", &["StoreUnavailableProblem"], true)),
-            ),
-        )
-        .path(
-            "/invoices",
-            PathItem::new(
-                HttpMethod::Post,
-                covered_post(
-                    "createInvoice",
-                    "Issue an invoice",
-                    "Issues the account's next invoice number, gapless: a retry with the same key gets the number already issued.",
-                    ResponseBuilder::new()
-                        .description("The invoice was issued (or, with Idempotent-Replayed, issued by the key's first request).")
-                        .content(JSON, content_ref("Invoice"))
-                        .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
-                        .header_ref("Idempotent-Replay", header("IdempotentReplay")),
-                    &["InUseProblem"],
-                    &[],
-                    false,
-                ),
-            ),
-        )
-        .path(
-            "/payouts",
-            PathItem::new(
-                HttpMethod::Post,
-                covered_post(
-                    "createPayout",
-                    "Pay out through the payment provider",
-                    "Runs in lease mode: the key is claimed first, the provider is called with a key derived from it, and a payout whose outcome is unknown is reconciled with the provider before any retry runs.",
-                    ResponseBuilder::new()
-                        .description("The provider paid (or, with Idempotent-Replayed, paid for the key's first request).")
-                        .content(JSON, content_ref("Payout"))
-                        .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
-                        .header_ref("Idempotent-Replay", header("IdempotentReplay")),
-                    &["InUseProblem", "OutcomeUnknownProblem"],
-                    &[
-                        (
-                            "402",
-                            ResponseBuilder::new()
-                                .description("The provider declined: a business outcome, stored and replayed.")
-                                .content(PROBLEM_JSON, problem_content(&["CardDeclinedProblem"]))
-                                .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
-                                .build(),
-                        ),
-                        (
-                            "502",
-                            retry_required(
-                                "The provider could not be reached (nothing was sent), or it failed and the payout may have happened.",
-                                &["UpstreamUnavailableProblem", "OutcomeUnknownProblem"],
-                            ),
-                        ),
-                        (
-                            "504",
-                            retry_required(
-                                "The provider did not answer: the payout may have happened; it is reconciled with the provider.",
-                                &["OutcomeUnknownProblem"],
-                            ),
-                        ),
-                    ],
-                    false,
-                ),
-            ),
-        )
-        .path(
-            "/healthz",
-            PathItem::new(
-                HttpMethod::Get,
-                public("healthz", "Health", "Whether the database answers.")
-                    .response(
-                        "200",
-                        ResponseBuilder::new()
-                            .description("The database answers.")
-                            .content(JSON, content_ref("Health")),
-                    )
-                    .response(
-                        "503",
-                        ResponseBuilder::new()
-                            .description("The database does not answer.")
-                            .content(JSON, content_ref("Health")),
-                    ),
-            ),
-        )
-        .path(
-            "/metrics",
-            PathItem::new(
-                HttpMethod::Get,
-                public("metrics", "Prometheus metrics", "The process's metrics in the Prometheus text format.")
-                    .response(
-                        "200",
-                        ResponseBuilder::new()
-                            .description("The metrics.")
-                            .content("text/plain", ContentBuilder::new().schema(Some(string())).build()),
-                    ),
-            ),
-        )
-        .path(
-            "/idempotency-policy",
-            PathItem::new(
-                HttpMethod::Get,
-                public(
-                    "getIdempotencyPolicy",
-                    "The published idempotency rules",
-                    "Header name, key format, scope, covered methods, retention, mismatch and in-flight behaviour.",
-                )
-                .response(
-                    "200",
-                    ResponseBuilder::new()
-                        .description("The rules this server applies.")
-                        .content(JSON, content_ref("PublishedPolicy")),
-                ),
-            ),
-        )
-        .path(
-            "/openapi.json",
-            PathItem::new(
-                HttpMethod::Get,
-                public("getOpenApi", "This document", "The OpenAPI 3.1 document of this server.")
-                    .response(
-                        "200",
-                        ResponseBuilder::new()
-                            .description("The document.")
-                            .content(JSON, ContentBuilder::new().schema(Some(ObjectBuilder::new().schema_type(Type::Object))).build()),
-                    ),
-            ),
-        )
-        .build();
-
-    OpenApiBuilder::new()
-        .info(
-            InfoBuilder::new()
-                .title("idem serve")
-                .version(env!("CARGO_PKG_VERSION"))
-                .description(Some(
-                    "The reference payments API of idem: every POST takes an Idempotency-Key, and a retry of the same request with the same key gets the first answer again instead of a second payment.",
-                ))
-                .build(),
-        )
-        .paths(paths)
-        .components(Some(components))
         .build()
+}
+
+/// The `Idempotency-Key` header, as `policy` accepts it.
+fn key_parameter(policy: &Policy) -> Parameter {
+    let limits = policy.key_limits;
+    ParameterBuilder::new()
+        .name("Idempotency-Key")
+        .parameter_in(ParameterIn::Header)
+        .required(Required::True)
+        .description(Some(format!(
+            "One key per intent, reused by every retry of it: {}-{} characters of visible ASCII (0x21-0x7E), as a bare token (Stripe's form; no `\"`, `,` or `;`) or an RFC 9651 sf-string (`\"...\"`, the IETF draft's form); both name the same key. Scoped to the authenticated account, remembered for {} s.",
+            limits.min_len,
+            limits.max_len,
+            policy.retention.as_secs()
+        )))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(limits.min_len))
+                // The sf-string form: every character escaped, plus the two quotes.
+                .max_length(Some(limits.max_len * 2 + 2))
+                .pattern(Some(key_pattern(limits))),
+        ))
+        .build()
+}
+
+/// The headers answers refer to, by component name.
+fn headers() -> [(&'static str, utoipa::openapi::Header); 4] {
+    let header = |schema: ObjectBuilder, description: Option<&str>| {
+        HeaderBuilder::new()
+            .schema(Some(schema))
+            .description(description)
+            .build()
+    };
+    [
+        (
+            "IdempotentReplayed",
+            header(
+                string_enum(&["true"]),
+                Some(
+                    "Present on a replay: the stored answer of the key's first request; the work was not done again.",
+                ),
+            ),
+        ),
+        (
+            "IdempotentReplay",
+            header(
+                string_enum(&["omitted"]),
+                Some(
+                    "On a replay whose original body was over the storage cap: status and headers as stored, empty body.",
+                ),
+            ),
+        ),
+        (
+            "Location",
+            header(string(), Some("The created payment, `/payments/{id}`.")),
+        ),
+        ("WwwAuthenticate", header(string_enum(&["Bearer"]), None)),
+    ]
+}
+
+/// `POST /payments`.
+fn create_payment() -> Operation {
+    let created = json_answer(
+        "The payment was made (or, with Idempotent-Replayed, made by the key's first request).",
+        "Payment",
+    )
+    .header_ref("Location", header("Location"));
+    let created = replayable(created).link(
+        "GetPaymentById",
+        LinkBuilder::new()
+            .operation_id("getPayment")
+            .parameter("id", "$response.body#/id")
+            .description("The payment just created.")
+            .build(),
+    );
+    covered_post(
+        "createPayment",
+        "Create a payment",
+        "Charges `amount` minor units of `currency` once per Idempotency-Key: a retry with the same key and body replays the first answer.",
+        created,
+        &["InUseProblem"],
+        &[],
+        true,
+    )
+    .build()
+}
+
+/// `GET /payments`.
+fn list_payments() -> Operation {
+    let operation = authenticated(
+        "listPayments",
+        "List the account's payments",
+        "The authenticated account's payments, newest first, at most 100.",
+    )
+    .response("200", json_answer("The account's payments.", "PaymentList"));
+    account_read(operation).build()
+}
+
+/// `GET /payments/{id}`.
+fn get_payment() -> Operation {
+    let operation = authenticated(
+        "getPayment",
+        "Show a payment",
+        "Only the account that made the payment sees it; any other account gets 404.",
+    )
+    .parameter(
+        ParameterBuilder::new()
+            .name("id")
+            .parameter_in(ParameterIn::Path)
+            .required(Required::True)
+            .description(Some(
+                "The payment's id, as `POST /payments` returned it (`pay_…`).",
+            ))
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .min_length(Some(1)),
+            ))
+            .build(),
+    )
+    .response("200", json_answer("The payment.", "Payment"))
+    .response(
+        "404",
+        problem_response(
+            "No such payment in this account.",
+            &["NotFoundProblem"],
+            false,
+        ),
+    );
+    account_read(operation).build()
+}
+
+/// `POST /invoices`.
+fn create_invoice() -> Operation {
+    covered_post(
+        "createInvoice",
+        "Issue an invoice",
+        "Issues the account's next invoice number, gapless: a retry with the same key gets the number already issued.",
+        replayable(json_answer(
+            "The invoice was issued (or, with Idempotent-Replayed, issued by the key's first request).",
+            "Invoice",
+        )),
+        &["InUseProblem"],
+        &[],
+        false,
+    )
+    .build()
+}
+
+/// `POST /payouts`: lease mode, with the provider's answers beside the layer's.
+fn create_payout() -> Operation {
+    covered_post(
+        "createPayout",
+        "Pay out through the payment provider",
+        "Runs in lease mode: the key is claimed first, the provider is called with a key derived from it, and a payout whose outcome is unknown is reconciled with the provider before any retry runs.",
+        replayable(json_answer(
+            "The provider paid (or, with Idempotent-Replayed, paid for the key's first request).",
+            "Payout",
+        )),
+        &["InUseProblem", "OutcomeUnknownProblem"],
+        &[
+            (
+                "402",
+                ResponseBuilder::new()
+                    .description("The provider declined: a business outcome, stored and replayed.")
+                    .content(PROBLEM_JSON, problem_content(&["CardDeclinedProblem"]))
+                    .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
+                    .build(),
+            ),
+            (
+                "502",
+                retry_required(
+                    "The provider could not be reached (nothing was sent), or it failed and the payout may have happened.",
+                    &["UpstreamUnavailableProblem", "OutcomeUnknownProblem"],
+                ),
+            ),
+            (
+                "504",
+                retry_required(
+                    "The provider did not answer: the payout may have happened; it is reconciled with the provider.",
+                    &["OutcomeUnknownProblem"],
+                ),
+            ),
+        ],
+        false,
+    )
+    .build()
+}
+
+/// `GET /healthz`.
+fn healthz() -> Operation {
+    public("healthz", "Health", "Whether the database answers.")
+        .response("200", json_answer("The database answers.", "Health"))
+        .response(
+            "503",
+            json_answer("The database does not answer.", "Health"),
+        )
+        .build()
+}
+
+/// `GET /metrics`.
+fn metrics() -> Operation {
+    public(
+        "metrics",
+        "Prometheus metrics",
+        "The process's metrics in the Prometheus text format.",
+    )
+    .response(
+        "200",
+        ResponseBuilder::new().description("The metrics.").content(
+            "text/plain",
+            ContentBuilder::new().schema(Some(string())).build(),
+        ),
+    )
+    .build()
+}
+
+/// `GET /idempotency-policy`.
+fn idempotency_policy() -> Operation {
+    public(
+        "getIdempotencyPolicy",
+        "The published idempotency rules",
+        "Header name, key format, scope, covered methods, retention, mismatch and in-flight behaviour.",
+    )
+    .response(
+        "200",
+        json_answer("The rules this server applies.", "PublishedPolicy"),
+    )
+    .build()
+}
+
+/// `GET /openapi.json`.
+fn openapi_json() -> Operation {
+    public(
+        "getOpenApi",
+        "This document",
+        "The OpenAPI 3.1 document of this server.",
+    )
+    .response(
+        "200",
+        ResponseBuilder::new().description("The document.").content(
+            JSON,
+            ContentBuilder::new()
+                .schema(Some(ObjectBuilder::new().schema_type(Type::Object)))
+                .build(),
+        ),
+    )
+    .build()
 }
 
 /// An operation that needs the bearer token.
@@ -529,11 +550,38 @@ fn covered_post(
         .responses(responses.build())
 }
 
+/// `response` with the headers that mark a replay.
+fn replayable(response: ResponseBuilder) -> ResponseBuilder {
+    response
+        .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
+        .header_ref("Idempotent-Replay", header("IdempotentReplay"))
+}
+
+/// An answer whose body is the JSON schema named `schema`.
+fn json_answer(description: &str, schema: &str) -> ResponseBuilder {
+    ResponseBuilder::new()
+        .description(description)
+        .content(JSON, content_ref(schema))
+}
+
 fn unauthorized() -> ResponseBuilder {
     ResponseBuilder::new()
         .description("No registered bearer token.")
         .content(PROBLEM_JSON, problem_content(&["UnauthorizedProblem"]))
         .header_ref("WWW-Authenticate", header("WwwAuthenticate"))
+}
+
+/// A read of the account's data: with the `401` of a missing token and the `503` of a
+/// database that does not answer.
+fn account_read(operation: OperationBuilder) -> OperationBuilder {
+    operation.response("401", unauthorized()).response(
+        "503",
+        problem_response(
+            "The database is unavailable.",
+            &["StoreUnavailableProblem"],
+            true,
+        ),
+    )
 }
 
 /// A problem answer that always carries `Retry-After`.
@@ -604,7 +652,7 @@ fn header(name: &str) -> Ref {
 /// An RFC 9457 problem-details document whose `type` is `problem.uri` and whose `status` is
 /// one of `problem.statuses`.
 fn problem_schema(problem: &ProblemType) -> ObjectBuilder {
-    ObjectBuilder::new()
+    let object = ObjectBuilder::new()
         .schema_type(Type::Object)
         .description(Some(problem.description))
         .property(
@@ -624,11 +672,8 @@ fn problem_schema(problem: &ProblemType) -> ObjectBuilder {
         .property(
             "detail",
             string().description(Some("What happened this time.")),
-        )
-        .required("type")
-        .required("title")
-        .required("status")
-        .required("detail")
+        );
+    required(object, &["type", "title", "status", "detail"])
 }
 
 fn payment_request() -> ObjectBuilder {
@@ -645,9 +690,7 @@ fn payment_request() -> ObjectBuilder {
         )
         .property(
             "currency",
-            string()
-                .pattern(Some("^[A-Z]{3}$"))
-                .description(Some("Three capital letters, such as INR.")),
+            currency().description(Some("Three capital letters, such as INR.")),
         )
         .property(
             "reference",
@@ -663,11 +706,11 @@ fn payment_request() -> ObjectBuilder {
 }
 
 fn payment() -> ObjectBuilder {
-    ObjectBuilder::new()
+    let object = ObjectBuilder::new()
         .schema_type(Type::Object)
         .property("id", string().description(Some("`pay_` and a UUIDv7.")))
         .property("amount", integer(1))
-        .property("currency", string().pattern(Some("^[A-Z]{3}$")))
+        .property("currency", currency())
         .property("status", string_enum(&["succeeded"]))
         .property("reference", string())
         .property(
@@ -675,12 +718,11 @@ fn payment() -> ObjectBuilder {
             ObjectBuilder::new()
                 .schema_type(Type::Integer)
                 .description(Some("Milliseconds since the Unix epoch.")),
-        )
-        .required("id")
-        .required("amount")
-        .required("currency")
-        .required("status")
-        .required("created_at")
+        );
+    required(
+        object,
+        &["id", "amount", "currency", "status", "created_at"],
+    )
 }
 
 fn payment_list() -> ObjectBuilder {
@@ -696,7 +738,7 @@ fn payment_list() -> ObjectBuilder {
 }
 
 fn invoice() -> ObjectBuilder {
-    ObjectBuilder::new()
+    let object = ObjectBuilder::new()
         .schema_type(Type::Object)
         .property("id", string().description(Some("`inv_` and a UUIDv7.")))
         .property(
@@ -704,34 +746,32 @@ fn invoice() -> ObjectBuilder {
             integer(1).description(Some("The account's invoice number: 1, 2, 3… without gaps.")),
         )
         .property("amount", integer(1))
-        .property("currency", string().pattern(Some("^[A-Z]{3}$")))
+        .property("currency", currency())
         .property(
             "created_at",
             ObjectBuilder::new().schema_type(Type::Integer),
-        )
-        .required("id")
-        .required("number")
-        .required("amount")
-        .required("currency")
-        .required("created_at")
+        );
+    required(
+        object,
+        &["id", "number", "amount", "currency", "created_at"],
+    )
 }
 
 fn payout() -> ObjectBuilder {
-    ObjectBuilder::new()
+    let object = ObjectBuilder::new()
         .schema_type(Type::Object)
         .property(
             "id",
             string().description(Some("`po_` and the provider's charge id.")),
         )
         .property("amount", integer(1))
-        .property("currency", string().pattern(Some("^[A-Z]{3}$")))
+        .property("currency", currency())
         .property("status", string_enum(&["paid"]))
-        .property("provider_charge", string())
-        .required("id")
-        .required("amount")
-        .required("currency")
-        .required("status")
-        .required("provider_charge")
+        .property("provider_charge", string());
+    required(
+        object,
+        &["id", "amount", "currency", "status", "provider_charge"],
+    )
 }
 
 fn health() -> ObjectBuilder {
@@ -791,6 +831,18 @@ fn string() -> ObjectBuilder {
 
 fn string_enum(values: &[&str]) -> ObjectBuilder {
     string().enum_values(Some(values.iter().copied()))
+}
+
+/// A currency code: three capital letters.
+fn currency() -> ObjectBuilder {
+    string().pattern(Some("^[A-Z]{3}$"))
+}
+
+/// `object` with `names` required, in this order.
+fn required(object: ObjectBuilder, names: &[&str]) -> ObjectBuilder {
+    names
+        .iter()
+        .fold(object, |object, name| object.required(*name))
 }
 
 fn integer(minimum: i64) -> ObjectBuilder {

@@ -9,7 +9,7 @@ use idem_core::{AccountId, Scope};
 use idem_tower::Tx;
 use serde_json::Value;
 
-use super::App;
+use super::app::App;
 use super::backend::{Backend, Payment};
 use crate::runtime::PAYMENTS_TOPIC;
 
@@ -101,35 +101,19 @@ pub(crate) async fn create<B: Backend>(
         .outbox
         .then(|| payment_succeeded(account.as_str(), &payment));
     let event = event.as_ref();
+    let row = PaymentRow {
+        account: account.as_str(),
+        key,
+        retired_before,
+        payment: &payment,
+        event,
+    };
     let inserted = match tx {
-        Some(mut tx) => B::insert_payment(
-            &mut tx,
-            account.as_str(),
-            key,
-            retired_before,
-            &payment,
-            event,
-        )
-        .await
-        .map_err(idem_store::Error::from),
-        None => match app.store.begin().await {
-            Ok(mut own) => {
-                match B::insert_payment(
-                    &mut own,
-                    account.as_str(),
-                    key,
-                    retired_before,
-                    &payment,
-                    event,
-                )
-                .await
-                {
-                    Ok(()) => B::commit(own).await,
-                    Err(e) => Err(e.into()),
-                }
-            }
-            Err(e) => Err(e),
-        },
+        Some(mut tx) => row
+            .insert::<B>(&mut tx)
+            .await
+            .map_err(idem_store::Error::from),
+        None => row.insert_alone(&app.store).await,
     };
     if let Err(e) = inserted {
         // A unique violation here means the idempotency layer let a duplicate through: the
@@ -153,6 +137,38 @@ pub(crate) async fn create<B: Backend>(
         Json(payment),
     )
         .into_response()
+}
+
+/// What [`Backend::insert_payment`] writes for one payment.
+struct PaymentRow<'a> {
+    account: &'a str,
+    key: Option<&'a str>,
+    retired_before: i64,
+    payment: &'a Payment,
+    event: Option<&'a idem_consumer::Message>,
+}
+
+impl PaymentRow<'_> {
+    /// Inserts the payment (and its event) in `tx`.
+    async fn insert<B: Backend>(&self, tx: &mut B::Tx) -> Result<(), sqlx::Error> {
+        B::insert_payment(
+            tx,
+            self.account,
+            self.key,
+            self.retired_before,
+            self.payment,
+            self.event,
+        )
+        .await
+    }
+
+    /// Inserts the payment (and its event) in a transaction of its own: a request without a
+    /// key has none from the layer.
+    async fn insert_alone<B: Backend>(&self, store: &B) -> idem_store::Result<()> {
+        let mut own = store.begin().await?;
+        self.insert::<B>(&mut own).await?;
+        B::commit(own).await
+    }
 }
 
 /// The `payment.succeeded` event of `payment`. Its id derives from the payment's, so it is

@@ -13,8 +13,6 @@
 //! client's `502`/`504` and every duplicate's `409 outcome-unknown` carry a `Retry-After`
 //! just past that look.
 
-use std::time::Duration;
-
 use axum::body::Bytes;
 use axum::extract::{Extension, State};
 use axum::http::{StatusCode, header};
@@ -22,30 +20,13 @@ use axum::response::{IntoResponse, Response};
 use idem_core::{Clock, Scope, StoredResponse};
 use idem_store::RecordFilter;
 use idem_tower::Outcome;
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use serde::Serialize;
 use tokio::task::JoinHandle;
 
-use super::App;
+use super::app::App;
 use super::backend::Backend;
 use super::payments::{invalid, parse_request, problem};
-
-/// Where a test may freeze a payout, to kill the process at that point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum PausePoint {
-    /// After the claim, before the provider is called.
-    BeforeProvider,
-    /// After the provider answered, before the outcome is stored.
-    AfterProvider,
-}
-
-/// The provider's answer to a charge.
-#[derive(Debug, Clone, Deserialize)]
-struct Charge {
-    id: String,
-    amount: i64,
-    currency: String,
-}
+use super::provider::{Charge, PausePoint, Provider};
 
 /// A payout as the API shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -55,17 +36,6 @@ struct Payout {
     currency: String,
     status: &'static str,
     provider_charge: String,
-}
-
-/// The key the provider sees: derived from ours, so it is stable across retries and takeovers,
-/// and scoped to the account.
-fn provider_key(scope: &Scope) -> String {
-    let mut hash = Sha256::new();
-    hash.update(b"idem-payout\0");
-    hash.update(scope.account.as_str().as_bytes());
-    hash.update([0]);
-    hash.update(scope.key.as_str().as_bytes());
-    format!("idem-{}", hex::encode(&hash.finalize()[..20]))
 }
 
 /// The response for a charge: the handler and the reconciler build the very same bytes.
@@ -88,13 +58,6 @@ fn with_outcome(mut response: Response, outcome: Outcome) -> Response {
     response
 }
 
-async fn pause_if(app_pause: Option<PausePoint>, here: PausePoint) {
-    if app_pause == Some(here) {
-        eprintln!("idem-fault: paused at {here:?}");
-        std::future::pending::<()>().await;
-    }
-}
-
 /// `POST /payouts` `{"amount": 100, "currency": "EUR"}`.
 pub(crate) async fn create<B: Backend>(
     State(app): State<App<B>>,
@@ -105,49 +68,55 @@ pub(crate) async fn create<B: Backend>(
         Ok(parsed) => parsed,
         Err(detail) => return invalid(&detail),
     };
-    pause_if(app.provider.pause, PausePoint::BeforeProvider).await;
+    app.provider.pause_at(PausePoint::BeforeProvider).await;
     let call = app
         .provider
-        .http
-        .post(format!("{}/charges", app.provider.url))
-        .header("idempotency-key", provider_key(&scope))
-        .json(&serde_json::json!({"amount": request.amount, "currency": request.currency}))
-        .send()
+        .charge(&scope, request.amount, &request.currency)
         .await;
     let answer = match call {
         Ok(answer) => answer,
-        // Nothing reached the provider: nothing happened, the retry runs fresh.
-        Err(e) if e.is_connect() => {
-            let mut refused = problem(
-                StatusCode::BAD_GATEWAY,
-                "upstream-unavailable",
-                "The payment provider is unavailable",
-                "nothing was sent to the provider; retry with the same key",
-            );
-            refused
-                .headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from(1));
-            return with_outcome(refused, Outcome::Release);
-        }
-        // Sent, then no answer: the provider may have paid. The record stays in progress
-        // until the reconciler finds out.
-        Err(e) => {
-            tracing::warn!(error = %e, "the provider call failed after it was sent");
-            return with_outcome(
-                problem(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "outcome-unknown",
-                    "The payment provider did not answer",
-                    "the payout may or may not have happened; retry with the same key to learn which",
-                ),
-                Outcome::Unknown,
-            );
-        }
+        Err(e) => return call_failed(&e),
     };
     let status = answer.status();
     let body = answer.bytes().await;
-    pause_if(app.provider.pause, PausePoint::AfterProvider).await;
-    match (status.as_u16(), body) {
+    app.provider.pause_at(PausePoint::AfterProvider).await;
+    answered(status.as_u16(), body)
+}
+
+/// The answer to a payout whose provider call got no answer: a retry runs fresh when nothing
+/// was sent, and waits for the reconciler when the call was sent.
+fn call_failed(e: &reqwest::Error) -> Response {
+    if e.is_connect() {
+        // Nothing reached the provider: nothing happened, the retry runs fresh.
+        let mut refused = problem(
+            StatusCode::BAD_GATEWAY,
+            "upstream-unavailable",
+            "The payment provider is unavailable",
+            "nothing was sent to the provider; retry with the same key",
+        );
+        refused
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(1));
+        return with_outcome(refused, Outcome::Release);
+    }
+    // Sent, then no answer: the provider may have paid. The record stays in progress until
+    // the reconciler finds out.
+    tracing::warn!(error = %e, "the provider call failed after it was sent");
+    with_outcome(
+        problem(
+            StatusCode::GATEWAY_TIMEOUT,
+            "outcome-unknown",
+            "The payment provider did not answer",
+            "the payout may or may not have happened; retry with the same key to learn which",
+        ),
+        Outcome::Unknown,
+    )
+}
+
+/// The answer to a payout from the provider's `status` and `body`: the payout, a decline
+/// (stored and replayed like the payout), or an outcome left to the reconciler.
+fn answered(status: u16, body: reqwest::Result<Bytes>) -> Response {
+    match (status, body) {
         (200 | 201, Ok(body)) => match serde_json::from_slice::<Charge>(&body) {
             Ok(charge) => {
                 let (status, body) = payout_response(&charge);
@@ -184,30 +153,6 @@ pub(crate) async fn create<B: Backend>(
                 ),
                 Outcome::Unknown,
             )
-        }
-    }
-}
-
-/// The payment provider `idem serve` pays out through.
-#[derive(Debug, Clone)]
-pub(crate) struct Provider {
-    pub(crate) url: String,
-    pub(crate) http: reqwest::Client,
-    /// How long one call may take (the client's timeout).
-    pub(crate) timeout: Duration,
-    pub(crate) pause: Option<PausePoint>,
-}
-
-impl Provider {
-    pub(crate) fn new(url: String, timeout: Duration, pause: Option<PausePoint>) -> Self {
-        Self {
-            url: url.trim_end_matches('/').to_owned(),
-            http: reqwest::Client::builder()
-                .timeout(timeout)
-                .build()
-                .expect("a plain HTTP client builds"),
-            timeout,
-            pause,
         }
     }
 }
@@ -284,8 +229,7 @@ async fn reconcile_one<B: Backend>(
     let idem_core::RecordState::InProgress { token, .. } = record.state else {
         return Reconciled::Unknown;
     };
-    let url = format!("{}/charges/{}", provider.url, provider_key(&record.scope));
-    let answer = match provider.http.get(url).send().await {
+    let answer = match provider.lookup(&record.scope).await {
         Ok(answer) => answer,
         Err(e) => {
             tracing::warn!(error = %e, "cannot ask the provider; the outcome stays unknown");

@@ -9,8 +9,8 @@ use idem_consumer::any::{AnyPublisher, BrokerSettings};
 use idem_consumer::{BrokerError, Message, Published, Publisher, Relay};
 use tokio::task::{AbortHandle, JoinHandle};
 
-use super::ServeConfig;
 use super::backend::Backend;
+use super::config::ServeConfig;
 use crate::store_url::redact;
 
 /// How long a sent outbox event is kept before it is deleted.

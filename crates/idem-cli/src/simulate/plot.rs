@@ -11,11 +11,12 @@ use std::sync::OnceLock;
 
 use anyhow::Context as _;
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::Report;
+use super::report::{RateReport, Report};
 
 /// Where common distributions install a plain sans-serif TrueType font.
 const FONT_CANDIDATES: [&str; 5] = [
@@ -76,39 +77,125 @@ const WITHOUT_KEYS: RGBColor = RGBColor(200, 40, 40);
 const WITH_KEYS: RGBColor = RGBColor(30, 110, 200);
 const THEORY: RGBColor = RGBColor(150, 150, 150);
 
+/// The chart's coordinates: loss in percent across, extra charges up.
+type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// One variant's measured points, (loss %, extra charges), and how its line is drawn.
+struct Measured {
+    name: &'static str,
+    color: RGBColor,
+    points: Vec<(f64, f64)>,
+}
+
+/// The rates in order of loss, and how far the axes reach.
+struct Extent<'a> {
+    rates: Vec<&'a RateReport>,
+    /// Intents per rate.
+    n: u64,
+    x_max: f64,
+    y_max: f64,
+}
+
+impl<'a> Extent<'a> {
+    fn of(report: &'a Report) -> Self {
+        let mut rates: Vec<_> = report.rates.iter().collect();
+        rates.sort_by(|a, b| a.loss.total_cmp(&b.loss));
+        let n = rates.first().map_or(0, |r| r.requests);
+        let max_loss = rates.last().map_or(0.0, |r| r.loss);
+        let max_extra = rates
+            .iter()
+            .map(|r| (r.without_keys.extra_charges as f64).max(r.expected.extra_charges))
+            .fold(0.0, f64::max);
+        let x_max = if max_loss > 0.0 {
+            max_loss * 110.0
+        } else {
+            1.0
+        };
+        let y_max = if max_extra > 0.0 {
+            max_extra * 1.15
+        } else {
+            1.0
+        };
+        Self {
+            rates,
+            n,
+            x_max,
+            y_max,
+        }
+    }
+
+    /// The measured points of each variant.
+    fn measured(&self) -> [Measured; 2] {
+        let without: Vec<(f64, f64)> = self
+            .rates
+            .iter()
+            .map(|r| (r.loss * 100.0, r.without_keys.extra_charges as f64))
+            .collect();
+        // With keys, the extra charges are the charges beyond one per intent.
+        let with: Vec<(f64, f64)> = self
+            .rates
+            .iter()
+            .map(|r| {
+                let extra = r.with_keys.charges_in_db.saturating_sub(r.requests);
+                (r.loss * 100.0, extra as f64)
+            })
+            .collect();
+        [
+            Measured {
+                name: "without keys (measured)",
+                color: WITHOUT_KEYS,
+                points: without,
+            },
+            Measured {
+                name: "with keys (measured)",
+                color: WITH_KEYS,
+                points: with,
+            },
+        ]
+    }
+}
+
 fn chart<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     report: &Report,
     labels: bool,
 ) -> anyhow::Result<()> {
-    let mut rates: Vec<_> = report.rates.iter().collect();
-    rates.sort_by(|a, b| a.loss.total_cmp(&b.loss));
-    let n = rates.first().map_or(0, |r| r.requests);
-    let max_loss = rates.last().map_or(0.0, |r| r.loss);
-    let max_extra = rates
-        .iter()
-        .map(|r| (r.without_keys.extra_charges as f64).max(r.expected.extra_charges))
-        .fold(0.0, f64::max);
-    let x_max = if max_loss > 0.0 {
-        max_loss * 110.0
-    } else {
-        1.0
-    };
-    let y_max = if max_extra > 0.0 {
-        max_extra * 1.15
-    } else {
-        1.0
-    };
-
+    let extent = Extent::of(report);
     root.fill(&WHITE).map_err(plot_error)?;
+    let mut chart = axes(root, report.seed, &extent, labels)?;
+    theory(&mut chart, &extent, labels)?;
+    for variant in extent.measured() {
+        measured(&mut chart, &variant, labels)?;
+    }
+    if labels {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font((FAMILY, 15))
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK.mix(0.4))
+            .draw()
+            .map_err(plot_error)?;
+    }
+    Ok(())
+}
+
+/// The caption and the labelled axes, or without labels only the frame.
+fn axes<'a, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    seed: u64,
+    extent: &Extent<'_>,
+    labels: bool,
+) -> anyhow::Result<Chart<'a, DB>> {
+    let (x_max, y_max) = (extent.x_max, extent.y_max);
     let mut builder = ChartBuilder::on(root);
     builder.margin(24);
     if labels {
         builder
             .caption(
                 format!(
-                    "Extra charges when answers are lost after commit (N = {n}, seed {})",
-                    report.seed
+                    "Extra charges when answers are lost after commit (N = {}, seed {seed})",
+                    extent.n
                 ),
                 (FAMILY, 22),
             )
@@ -140,8 +227,16 @@ fn chart<DB: DrawingBackend>(
             ))
             .map_err(plot_error)?;
     }
+    Ok(chart)
+}
 
-    // The statistics' curve, N·p/(1−p), sampled finely under the measured points.
+/// The statistics' curve, N·p/(1−p), sampled finely under the measured points.
+fn theory<DB: DrawingBackend>(
+    chart: &mut Chart<'_, DB>,
+    extent: &Extent<'_>,
+    labels: bool,
+) -> anyhow::Result<()> {
+    let (n, x_max) = (extent.n, extent.x_max);
     let theory = (0..=100).map(|i| {
         let p = x_max / 100.0 * f64::from(i) / 100.0;
         (p * 100.0, n as f64 * p / (1.0 - p))
@@ -154,57 +249,42 @@ fn chart<DB: DrawingBackend>(
             .label("expected without keys, N·p/(1−p)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], THEORY.stroke_width(1)));
     }
+    Ok(())
+}
 
-    let without: Vec<(f64, f64)> = rates
-        .iter()
-        .map(|r| (r.loss * 100.0, r.without_keys.extra_charges as f64))
-        .collect();
-    // With keys, the extra charges are the charges beyond one per intent.
-    let with: Vec<(f64, f64)> = rates
-        .iter()
-        .map(|r| {
-            let extra = r.with_keys.charges_in_db.saturating_sub(r.requests);
-            (r.loss * 100.0, extra as f64)
-        })
-        .collect();
-    for (name, color, points) in [
-        ("without keys (measured)", WITHOUT_KEYS, without),
-        ("with keys (measured)", WITH_KEYS, with),
-    ] {
-        let series = chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(3)))
-            .map_err(plot_error)?;
-        if labels {
-            series.label(name).legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
-            });
-        }
-        chart
-            .draw_series(points.iter().map(|p| Circle::new(*p, 5, color.filled())))
-            .map_err(plot_error)?;
-        if labels {
-            // Each measured value above and to the left of its point, clear of the rising
-            // line.
-            let style = (FAMILY, 15)
-                .into_font()
-                .color(&color)
-                .pos(Pos::new(HPos::Right, VPos::Bottom));
-            chart
-                .draw_series(points.iter().map(|&(x, y)| {
-                    EmptyElement::at((x, y)) + Text::new(format!("{y:.0}"), (-6, -6), style.clone())
-                }))
-                .map_err(plot_error)?;
-        }
-    }
-
+/// One variant's measured points: a line, a dot on each, and with labels each value.
+fn measured<DB: DrawingBackend>(
+    chart: &mut Chart<'_, DB>,
+    variant: &Measured,
+    labels: bool,
+) -> anyhow::Result<()> {
+    let Measured {
+        name,
+        color,
+        ref points,
+    } = *variant;
+    let series = chart
+        .draw_series(LineSeries::new(points.to_vec(), color.stroke_width(3)))
+        .map_err(plot_error)?;
     if labels {
+        series.label(name).legend(move |(x, y)| {
+            PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+        });
+    }
+    chart
+        .draw_series(points.iter().map(|p| Circle::new(*p, 5, color.filled())))
+        .map_err(plot_error)?;
+    if labels {
+        // Each measured value above and to the left of its point, clear of the rising
+        // line.
+        let style = (FAMILY, 15)
+            .into_font()
+            .color(&color)
+            .pos(Pos::new(HPos::Right, VPos::Bottom));
         chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font((FAMILY, 15))
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK.mix(0.4))
-            .draw()
+            .draw_series(points.iter().map(|&(x, y)| {
+                EmptyElement::at((x, y)) + Text::new(format!("{y:.0}"), (-6, -6), style.clone())
+            }))
             .map_err(plot_error)?;
     }
     Ok(())
@@ -213,7 +293,7 @@ fn chart<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::{Expected, RateReport, RunFacts, WithKeys, WithoutKeys};
+    use crate::simulate::report::{Expected, RunFacts, WithKeys, WithoutKeys};
 
     fn report() -> Report {
         let facts = RunFacts {

@@ -98,18 +98,37 @@ impl Report {
     /// The figures as a text table, expected values in brackets.
     pub fn table(&self) -> String {
         let n = self.rates.first().map_or(0, |r| r.requests);
-        let headers = [
-            "loss",
-            "requests",
-            "double-charged",
-            "extra charges",
-            "charges in db",
-            "double charges",
-            "duplicates prevented",
-            "charges in db",
-        ];
-        let rows: Vec<[String; 8]> = self
-            .rates
+        let rows = self.rows();
+        let columns = Columns::fit(&HEADERS, &rows);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "ACK loss after commit: {n} payment intents per rate, seed {}, up to {} retries each",
+            self.seed,
+            self.max_attempts - 1
+        );
+        let _ = writeln!(out);
+        let lead = columns.width[0] + columns.width[1] + 2 * GAP.len();
+        let _ = writeln!(
+            out,
+            "{:lead$}{}{GAP}{}",
+            "",
+            columns.group("without idempotency keys", 2, 5),
+            columns.group("with idempotency keys", 5, 8)
+        );
+        let _ = writeln!(out, "{}", columns.line(&HEADERS));
+        for row in &rows {
+            let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+            let _ = writeln!(out, "{}", columns.line(&cells));
+        }
+        let _ = writeln!(out);
+        self.notes(&mut out);
+        out
+    }
+
+    /// One row of cells per rate, in the order of [`HEADERS`].
+    fn rows(&self) -> Vec<[String; 8]> {
+        self.rates
             .iter()
             .map(|r| {
                 [
@@ -129,53 +148,11 @@ impl Report {
                     r.with_keys.charges_in_db.to_string(),
                 ]
             })
-            .collect();
-        let width: Vec<usize> = (0..headers.len())
-            .map(|c| {
-                rows.iter()
-                    .map(|row| row[c].chars().count())
-                    .chain([headers[c].len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        const GAP: &str = "  ";
-        let line = |cells: &[&str]| {
-            let cells: Vec<String> = cells
-                .iter()
-                .zip(&width)
-                .map(|(cell, w)| format!("{cell:>w$}"))
-                .collect();
-            cells.join(GAP).trim_end().to_owned()
-        };
-        // A title centred over columns `from..to`, in a rule of dashes.
-        let group = |title: &str, from: usize, to: usize| {
-            let span = width[from..to].iter().sum::<usize>() + GAP.len() * (to - from - 1);
-            format!("{:-^span$}", format!(" {title} "))
-        };
+            .collect()
+    }
 
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "ACK loss after commit: {n} payment intents per rate, seed {}, up to {} retries each",
-            self.seed,
-            self.max_attempts - 1
-        );
-        let _ = writeln!(out);
-        let lead = width[0] + width[1] + 2 * GAP.len();
-        let _ = writeln!(
-            out,
-            "{:lead$}{}{GAP}{}",
-            "",
-            group("without idempotency keys", 2, 5),
-            group("with idempotency keys", 5, 8)
-        );
-        let _ = writeln!(out, "{}", line(&headers));
-        for row in &rows {
-            let cells: Vec<&str> = row.iter().map(String::as_str).collect();
-            let _ = writeln!(out, "{}", line(&cells));
-        }
-        let _ = writeln!(out);
+    /// What the table's figures mean, and what went wrong if anything did.
+    fn notes(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Charges counted in the database afterwards; expected values (N·p incidents, \
@@ -204,7 +181,57 @@ impl Report {
                 "IDEMPOTENCY FAILED: with keys, some intent was not charged exactly once."
             );
         }
-        out
+    }
+}
+
+/// The table's column headers: the rate, then three columns per variant.
+const HEADERS: [&str; 8] = [
+    "loss",
+    "requests",
+    "double-charged",
+    "extra charges",
+    "charges in db",
+    "double charges",
+    "duplicates prevented",
+    "charges in db",
+];
+
+/// Between two columns.
+const GAP: &str = "  ";
+
+/// The widths of the table's columns, each that of its widest cell.
+struct Columns {
+    width: Vec<usize>,
+}
+
+impl Columns {
+    fn fit(headers: &[&str], rows: &[[String; 8]]) -> Self {
+        let width = (0..headers.len())
+            .map(|c| {
+                rows.iter()
+                    .map(|row| row[c].chars().count())
+                    .chain([headers[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        Self { width }
+    }
+
+    /// `cells` right-aligned in their columns.
+    fn line(&self, cells: &[&str]) -> String {
+        let cells: Vec<String> = cells
+            .iter()
+            .zip(&self.width)
+            .map(|(cell, w)| format!("{cell:>w$}"))
+            .collect();
+        cells.join(GAP).trim_end().to_owned()
+    }
+
+    /// A title centred over columns `from..to`, in a rule of dashes.
+    fn group(&self, title: &str, from: usize, to: usize) -> String {
+        let span = self.width[from..to].iter().sum::<usize>() + GAP.len() * (to - from - 1);
+        format!("{:-^span$}", format!(" {title} "))
     }
 }
 
