@@ -177,6 +177,16 @@ async fn exchange(server: &TestServer, request: &[u8], trickle: &'static [u8]) -
     received
 }
 
+/// The problem details `response` carries (row `name`), with their content type.
+fn problem_of(name: &str, response: &RawResponse) -> serde_json::Value {
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/problem+json"),
+        "{name}: {response:?}"
+    );
+    serde_json::from_slice(&response.body).expect("problem details are JSON")
+}
+
 /// Runs one row against its own server and checks the answer and the database.
 async fn row(
     name: &str,
@@ -194,13 +204,7 @@ async fn row(
     match expect {
         Expect::Problem(status, kind) => {
             assert_eq!(first.status, status, "{name}: {first:?}");
-            assert_eq!(
-                first.header("content-type"),
-                Some("application/problem+json"),
-                "{name}: {first:?}"
-            );
-            let problem: serde_json::Value =
-                serde_json::from_slice(&first.body).expect("problem details are JSON");
+            let problem = problem_of(name, first);
             assert_eq!(problem["type"], kind, "{name}: {problem}");
             assert_eq!(problem["status"], status, "{name}: {problem}");
         }
@@ -217,13 +221,7 @@ async fn row(
             "{name}: {response:?}"
         );
         if !response.body.is_empty() {
-            assert_eq!(
-                response.header("content-type"),
-                Some("application/problem+json"),
-                "{name}: {response:?}"
-            );
-            let problem: serde_json::Value =
-                serde_json::from_slice(&response.body).expect("problem details are JSON");
+            let problem = problem_of(name, response);
             assert!(problem["type"].is_string(), "{name}: {problem}");
         }
     }

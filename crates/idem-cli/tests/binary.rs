@@ -1,37 +1,25 @@
 //! The `idem` binary as a newcomer runs it: `idem serve` with no set-up.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Command;
+
+use common::{Spawned, assert_healthy};
 
 #[tokio::test]
 async fn serve_starts_on_a_fresh_sqlite_file_with_no_setup() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    let url = first
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {first:?}"))
-        .to_owned();
+    let mut serve = Spawned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .current_dir(dir.path()),
+    );
+    let first = &serve.first_line;
     assert!(first.contains("sqlite://idem.db"), "{first}");
+    let url = &serve.url;
 
     let client = reqwest::Client::new();
-    let health: serde_json::Value = client
-        .get(format!("{url}/healthz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(health["status"], "ok");
+    assert_healthy(&client, url).await;
     let created = client
         .post(format!("{url}/payments"))
         .bearer_auth("sk_test_alice")
@@ -48,12 +36,7 @@ async fn serve_starts_on_a_fresh_sqlite_file_with_no_setup() {
     );
 
     // SIGTERM shuts it down cleanly.
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    assert!(child.wait().unwrap().success());
+    assert!(serve.terminate().success());
 }
 
 #[test]

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ALICE, BOB, TestServer, send};
+use common::{ALICE, BOB, TestServer, assert_healthy, keyed, metrics, send};
 
 const BODY: &str = r#"{"amount": 49900, "currency": "INR"}"#;
 
@@ -15,15 +15,9 @@ async fn uncovered_methods_pass_through_untouched_key_or_not() {
     let created = send(server.post(ALICE, Some("passthrough-key-1"), BODY)).await;
     assert_eq!(created.status, 201);
 
+    let path = format!("/payments/{}", created.id());
     for key in [None, Some("passthrough-key-1"), Some("bad key")] {
-        let mut get = server
-            .client
-            .get(format!("{}/payments/{}", server.url, created.id()))
-            .bearer_auth(ALICE);
-        if let Some(key) = key {
-            get = get.header("idempotency-key", key);
-        }
-        let answer = send(get).await;
+        let answer = send(keyed(server.get(&path).bearer_auth(ALICE), key)).await;
         assert_eq!(answer.status, 200, "GET with key {key:?}");
         assert!(!answer.replayed());
         assert_eq!(answer.body["id"], created.body["id"]);
@@ -32,8 +26,7 @@ async fn uncovered_methods_pass_through_untouched_key_or_not() {
     for method in [reqwest::Method::PUT, reqwest::Method::DELETE] {
         let answer = send(
             server
-                .client
-                .request(method.clone(), format!("{}/payments", server.url))
+                .request(method.clone(), "/payments")
                 .bearer_auth(ALICE),
         )
         .await;
@@ -56,16 +49,12 @@ async fn a_method_the_route_does_not_have_is_405_before_any_key_rule() {
     ];
     for (path, allow) in routes {
         for key in [None, Some("bad key"), Some("patch-key-00001")] {
-            let mut patch = server
-                .client
-                .patch(format!("{}{path}", server.url))
+            let patch = server
+                .request(reqwest::Method::PATCH, path)
                 .bearer_auth(ALICE)
                 .header("content-type", "application/json")
                 .body(BODY);
-            if let Some(key) = key {
-                patch = patch.header("idempotency-key", key);
-            }
-            let answer = send(patch).await;
+            let answer = send(keyed(patch, key)).await;
             assert_eq!(answer.status, 405, "PATCH {path} with key {key:?}");
             assert_eq!(answer.headers["allow"], allow, "PATCH {path}");
         }
@@ -74,15 +63,21 @@ async fn a_method_the_route_does_not_have_is_405_before_any_key_rule() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn a_missing_key_is_400_and_nothing_is_stored() {
+/// Sends one `POST /payments` with `key` and `body`: it is refused with `status` and the
+/// problem `kind`, and nothing is stored.
+async fn assert_refused_unstored(key: Option<&str>, body: &str, status: u16, kind: &str) {
     let server = TestServer::start().await;
-    let answer = send(server.post(ALICE, None, BODY)).await;
-    assert_eq!(answer.status, 400);
-    assert_eq!(answer.problem_type(), "urn:idem:problem:missing-key");
-    assert_eq!(answer.body["status"], 400);
+    let answer = send(server.post(ALICE, key, body)).await;
+    assert_eq!(answer.status, status);
+    assert_eq!(answer.problem_type(), format!("urn:idem:problem:{kind}"));
+    assert_eq!(answer.body["status"], status);
     assert_eq!((server.keys().await, server.payments().await), (0, 0));
     server.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_key_is_400_and_nothing_is_stored() {
+    assert_refused_unstored(None, BODY, 400, "missing-key").await;
 }
 
 /// idem's own refusals point at the published rules (`Link: …; rel="describedby"`); the
@@ -137,12 +132,7 @@ async fn malformed_keys_are_400_and_nothing_is_stored() {
         ("two fields", vec![b"key-aaaaaaaa", b"key-aaaaaaaa"]),
     ];
     for (what, values) in cases {
-        let mut req = server
-            .client
-            .post(format!("{}/payments", server.url))
-            .bearer_auth(ALICE)
-            .header("content-type", "application/json")
-            .body(BODY);
+        let mut req = server.post(ALICE, None, BODY);
         for value in values {
             req = req.header(
                 "idempotency-key",
@@ -183,33 +173,28 @@ async fn a_retry_replays_status_body_and_headers_without_doing_the_work_again() 
     server.stop().await;
 }
 
-#[tokio::test]
-async fn the_sf_string_and_bare_forms_name_the_same_key() {
+/// Sends `first`, then `again` (each a key and a body): `again` is the same request, a `201`
+/// that replays the first's payment, and the database holds that one payment.
+async fn assert_same_request(first: (&str, &str), again: (&str, &str)) {
     let server = TestServer::start().await;
-    let bare = send(server.post(ALICE, Some("form-key-0001"), BODY)).await;
-    let quoted = send(server.post(ALICE, Some("\"form-key-0001\""), BODY)).await;
-    assert_eq!(quoted.status, 201);
-    assert!(quoted.replayed());
-    assert_eq!(quoted.id(), bare.id());
+    let first = send(server.post(ALICE, Some(first.0), first.1)).await;
+    let again = send(server.post(ALICE, Some(again.0), again.1)).await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    assert_eq!(again.id(), first.id());
     assert_eq!(server.payments().await, 1);
     server.stop().await;
 }
 
 #[tokio::test]
+async fn the_sf_string_and_bare_forms_name_the_same_key() {
+    assert_same_request(("form-key-0001", BODY), ("\"form-key-0001\"", BODY)).await;
+}
+
+#[tokio::test]
 async fn a_reordered_json_body_is_the_same_request() {
-    let server = TestServer::start().await;
-    let first = send(server.post(ALICE, Some("reorder-key-001"), BODY)).await;
-    let reordered = send(server.post(
-        ALICE,
-        Some("reorder-key-001"),
-        "{\n  \"currency\":\"INR\",\n  \"amount\":49900\n}",
-    ))
-    .await;
-    assert_eq!(reordered.status, 201);
-    assert!(reordered.replayed());
-    assert_eq!(reordered.id(), first.id());
-    assert_eq!(server.payments().await, 1);
-    server.stop().await;
+    let reordered = "{\n  \"currency\":\"INR\",\n  \"amount\":49900\n}";
+    assert_same_request(("reorder-key-001", BODY), ("reorder-key-001", reordered)).await;
 }
 
 #[tokio::test]
@@ -269,31 +254,19 @@ async fn the_same_key_from_another_account_is_an_unrelated_request() {
 async fn another_account_cannot_read_a_payment() {
     let server = TestServer::start().await;
     let alice = send(server.post(ALICE, Some("private-key-001"), BODY)).await;
-    let url = format!("{}/payments/{}", server.url, alice.id());
-    let by_bob = send(server.client.get(&url).bearer_auth(BOB)).await;
+    let path = format!("/payments/{}", alice.id());
+    let by_bob = send(server.get(&path).bearer_auth(BOB)).await;
     assert_eq!(by_bob.status, 404);
     assert_eq!(by_bob.problem_type(), "urn:idem:problem:not-found");
-    let by_alice = send(server.client.get(&url).bearer_auth(ALICE)).await;
+    let by_alice = send(server.get(&path).bearer_auth(ALICE)).await;
     assert_eq!(by_alice.status, 200);
     assert_eq!(by_alice.body["amount"], 49900);
 
-    let bobs_list = send(
-        server
-            .client
-            .get(format!("{}/payments", server.url))
-            .bearer_auth(BOB),
-    )
-    .await;
+    let bobs_list = send(server.get("/payments").bearer_auth(BOB)).await;
     assert_eq!(bobs_list.body["data"].as_array().unwrap().len(), 0);
-    let alices_list = send(
-        server
-            .client
-            .get(format!("{}/payments", server.url))
-            .bearer_auth(ALICE),
-    )
-    .await;
+    let alices_list = send(server.get("/payments").bearer_auth(ALICE)).await;
     assert_eq!(alices_list.body["data"][0]["id"], alice.id());
-    let anonymous = send(server.client.get(&url)).await;
+    let anonymous = send(server.get(&path)).await;
     assert_eq!(anonymous.status, 401);
     server.stop().await;
 }
@@ -312,10 +285,8 @@ async fn a_key_past_its_retention_is_new() {
     assert_ne!(after.id(), first.id());
     assert_eq!(server.payments().await, 2);
     // The new payment holds the key; the old one keeps it as retired.
-    let retired: i64 = server
-        .count("SELECT COUNT(*) FROM payments WHERE retired_idem_key = 'retention-key-1'")
-        .await;
-    assert_eq!(retired, 1);
+    let retired = "SELECT COUNT(*) FROM payments WHERE retired_idem_key = 'retention-key-1'";
+    assert_eq!(server.count(retired).await, 1);
     server.stop().await;
 }
 
@@ -360,16 +331,20 @@ async fn a_key_past_its_retention_is_new_on_postgres() {
 
 #[tokio::test]
 async fn a_body_over_the_limit_is_413_before_any_work() {
-    let server = TestServer::start().await;
     let big = format!(
         r#"{{"amount": 1, "currency": "INR", "note": "{}"}}"#,
         "x".repeat(2 * 1024 * 1024)
     );
-    let answer = send(server.post(ALICE, Some("big-body-key-01"), &big)).await;
-    assert_eq!(answer.status, 413);
-    assert_eq!(answer.problem_type(), "urn:idem:problem:body-too-large");
-    assert_eq!((server.keys().await, server.payments().await), (0, 0));
-    server.stop().await;
+    assert_refused_unstored(Some("big-body-key-01"), &big, 413, "body-too-large").await;
+}
+
+/// `key` sent again (with [`BODY`]) after a refusal that stored nothing: a fresh `201`, the
+/// one payment in the database.
+async fn assert_retry_pays(server: &TestServer, key: &str) {
+    let retry = send(server.post(ALICE, Some(key), BODY)).await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(server.payments().await, 1);
 }
 
 #[tokio::test]
@@ -387,26 +362,14 @@ async fn a_rejected_request_is_not_stored_so_the_fixed_request_succeeds_with_the
         assert_eq!(answer.problem_type(), "urn:idem:problem:validation");
     }
     assert_eq!((server.keys().await, server.payments().await), (0, 0));
-    let fixed = send(server.post(ALICE, Some("fixable-key-001"), BODY)).await;
-    assert_eq!(fixed.status, 201);
-    assert!(!fixed.replayed());
-    assert_eq!(server.payments().await, 1);
+    assert_retry_pays(&server, "fixable-key-001").await;
     server.stop().await;
 }
 
 #[tokio::test]
 async fn duplicate_json_members_are_400_and_not_stored() {
-    let server = TestServer::start().await;
-    let answer = send(server.post(
-        ALICE,
-        Some("duplicate-key-01"),
-        r#"{"amount": 1, "amount": 100000, "currency": "INR"}"#,
-    ))
-    .await;
-    assert_eq!(answer.status, 400);
-    assert_eq!(answer.problem_type(), "urn:idem:problem:malformed-body");
-    assert_eq!((server.keys().await, server.payments().await), (0, 0));
-    server.stop().await;
+    let duplicate = r#"{"amount": 1, "amount": 100000, "currency": "INR"}"#;
+    assert_refused_unstored(Some("duplicate-key-01"), duplicate, 400, "malformed-body").await;
 }
 
 #[tokio::test]
@@ -441,22 +404,14 @@ async fn an_unreachable_store_is_503_with_retry_after_and_nothing_is_processed()
         0,
         "never processed without its key record"
     );
-    let retry = send(server.post(ALICE, Some("outage-key-0001"), BODY)).await;
-    assert_eq!(retry.status, 201);
-    assert!(!retry.replayed());
-    assert_eq!(server.payments().await, 1);
+    assert_retry_pays(&server, "outage-key-0001").await;
     server.stop().await;
 }
 
 #[tokio::test]
 async fn the_published_rules_health_and_metrics() {
     let server = TestServer::start_with(|c| c.policy.retention = Duration::from_secs(3600)).await;
-    let policy = send(
-        server
-            .client
-            .get(format!("{}/idempotency-policy", server.url)),
-    )
-    .await;
+    let policy = send(server.get("/idempotency-policy")).await;
     assert_eq!(policy.status, 200);
     assert_eq!(policy.body["header"], "Idempotency-Key");
     assert_eq!(policy.body["retention_seconds"], 3600);
@@ -482,20 +437,11 @@ async fn the_published_rules_health_and_metrics() {
             .contains("outcome-unknown")
     );
 
-    let health = send(server.client.get(format!("{}/healthz", server.url))).await;
-    assert_eq!(health.body["status"], "ok");
+    assert_healthy(&server.client, &server.url).await;
 
     send(server.post(ALICE, Some("metrics-key-001"), BODY)).await;
     send(server.post(ALICE, Some("metrics-key-001"), BODY)).await;
-    let metrics = server
-        .client
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&server.client, &server.url).await;
     assert!(
         metrics.contains("idem_requests_total{outcome=\"fresh\"}"),
         "{metrics}"

@@ -327,6 +327,19 @@ impl Payments {
     }
 }
 
+/// A fixture's replay of the payment it stored for a key.
+fn replayed(payment: &Value) -> Response {
+    (
+        StatusCode::CREATED,
+        [(
+            header::HeaderName::from_static("idempotent-replayed"),
+            "true",
+        )],
+        axum::Json(payment.clone()),
+    )
+        .into_response()
+}
+
 /// Every POST is a new payment, key or not.
 fn no_idempotency() -> Router {
     Router::new()
@@ -362,15 +375,7 @@ fn replay_by_key_alone() -> Router {
         };
         let mut seen = api.seen.lock().await;
         if let Some(payment) = seen.get(key.as_bytes()) {
-            return (
-                StatusCode::CREATED,
-                [(
-                    header::HeaderName::from_static("idempotent-replayed"),
-                    "true",
-                )],
-                axum::Json(payment.clone()),
-            )
-                .into_response();
+            return replayed(payment);
         }
         let (status, payment) = api.payments.create(&body);
         seen.insert(key.as_bytes().to_vec(), payment.clone());
@@ -417,15 +422,7 @@ fn lease_mode() -> Router {
             let mut records = api.records.lock().unwrap_or_else(PoisonError::into_inner);
             match records.get(&key) {
                 Some(Some(payment)) => {
-                    return (
-                        StatusCode::CREATED,
-                        [(
-                            header::HeaderName::from_static("idempotent-replayed"),
-                            "true",
-                        )],
-                        axum::Json(payment.clone()),
-                    )
-                        .into_response();
+                    return replayed(payment);
                 }
                 Some(None) => {
                     api.refused.notify_one();

@@ -8,12 +8,13 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{ALICE, Answer, TestServer, send};
-use idem_cli::fake_psp::{FakePsp, Faults};
+use common::{ALICE, Answer, TestServer, send, start_psp};
+use idem_cli::fake_psp::Faults;
 use idem_core::ProblemKind;
 use serde_json::Value;
 
 const BODY: &str = r#"{"amount": 49900, "currency": "INR"}"#;
+const PAYOUT: &str = r#"{"amount": 2500, "currency": "EUR"}"#;
 
 /// The routes `App::router` builds: path, methods.
 const ROUTES: &[(&str, &[&str])] = &[
@@ -29,7 +30,7 @@ const ROUTES: &[(&str, &[&str])] = &[
 
 async fn document(server: &TestServer) -> Value {
     // No credentials: the document is public.
-    let answer = send(server.client.get(format!("{}/openapi.json", server.url))).await;
+    let answer = send(server.get("/openapi.json")).await;
     assert_eq!(answer.status, 200);
     assert_eq!(answer.headers["content-type"], "application/json");
     answer.body
@@ -171,13 +172,8 @@ async fn every_route_of_the_router_is_documented_with_the_methods_it_answers() {
         // The router says which methods a path has in the Allow of its 405 to a method it
         // lacks (DELETE, which no route has and no layer covers).
         let concrete = path.replace("{id}", "pay_openapi");
-        let answer = send(
-            server
-                .client
-                .delete(format!("{}{concrete}", server.url))
-                .bearer_auth(ALICE),
-        )
-        .await;
+        let delete = server.request(reqwest::Method::DELETE, &concrete);
+        let answer = send(delete.bearer_auth(ALICE)).await;
         assert_eq!(answer.status, 405, "DELETE {path}");
         let allow: BTreeSet<String> = answer.headers["allow"]
             .to_str()
@@ -191,10 +187,7 @@ async fn every_route_of_the_router_is_documented_with_the_methods_it_answers() {
         // Every operation that needs a token says so, and refuses a request without one.
         for method in item.keys() {
             let needs_token = item[method].get("security").is_some();
-            let request = server.client.request(
-                method.to_uppercase().parse().unwrap(),
-                format!("{}{concrete}", server.url),
-            );
+            let request = server.request(method.to_uppercase().parse().unwrap(), &concrete);
             let status = request.send().await.unwrap().status().as_u16();
             assert_eq!(status == 401, needs_token, "{method} {path}: {status}");
         }
@@ -255,18 +248,7 @@ async fn every_problem_type_is_a_schema_of_rfc_9457_members() {
 async fn provoked_refusals_are_answers_the_document_lists() {
     let server = TestServer::start().await;
     let doc = document(&server).await;
-    let post = |path: &str, key: Option<&str>, body: &str| {
-        let mut request = server
-            .client
-            .post(format!("{}{path}", server.url))
-            .bearer_auth(ALICE)
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        if let Some(key) = key {
-            request = request.header("idempotency-key", key);
-        }
-        request
-    };
+    let post = |path: &str, key: Option<&str>, body: &str| server.post_to(path, ALICE, key, body);
     let cases: Vec<(&str, reqwest::RequestBuilder, &str)> = vec![
         ("/payments", post("/payments", None, BODY), "missing-key"),
         (
@@ -319,8 +301,7 @@ async fn provoked_refusals_are_answers_the_document_lists() {
         (
             "/payments",
             server
-                .client
-                .post(format!("{}/payments", server.url))
+                .request(reqwest::Method::POST, "/payments")
                 .body(BODY),
             "unauthorized",
         ),
@@ -359,22 +340,10 @@ async fn provoked_refusals_are_answers_the_document_lists() {
     assert_eq!(mismatch.problem_type(), "urn:idem:problem:mismatch");
     assert_documented(&doc, "post", "/payments", &mismatch);
     for id in [first.id(), "pay_nobody"] {
-        let answer = send(
-            server
-                .client
-                .get(format!("{}/payments/{id}", server.url))
-                .bearer_auth(ALICE),
-        )
-        .await;
+        let answer = send(server.get(&format!("/payments/{id}")).bearer_auth(ALICE)).await;
         assert_documented(&doc, "get", "/payments/{id}", &answer);
     }
-    let list = send(
-        server
-            .client
-            .get(format!("{}/payments", server.url))
-            .bearer_auth(ALICE),
-    )
-    .await;
+    let list = send(server.get("/payments").bearer_auth(ALICE)).await;
     let ids: Vec<&str> = list.body["data"]
         .as_array()
         .unwrap()
@@ -384,7 +353,7 @@ async fn provoked_refusals_are_answers_the_document_lists() {
     assert_eq!(ids, [accented.id(), first.id()], "newest first");
     assert_documented(&doc, "get", "/payments", &list);
     for path in ["/healthz", "/idempotency-policy", "/metrics"] {
-        let answer = send(server.client.get(format!("{}{path}", server.url))).await;
+        let answer = send(server.get(path)).await;
         assert_eq!(answer.status, 200);
         let content_type = answer.headers["content-type"].to_str().unwrap();
         let media = content_type.split(';').next().unwrap();
@@ -400,22 +369,10 @@ async fn provoked_refusals_are_answers_the_document_lists() {
 
 #[tokio::test]
 async fn payout_failures_are_answers_the_document_lists() {
-    let psp = FakePsp::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let psp_url = format!("http://{}", listener.local_addr().unwrap());
-    let router = psp.router();
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let (psp, psp_url) = start_psp().await;
     let server = TestServer::start_with(|config| config.psp_url = Some(psp_url)).await;
     let doc = document(&server).await;
-    let payout = |key: &str| {
-        server
-            .client
-            .post(format!("{}/payouts", server.url))
-            .bearer_auth(ALICE)
-            .header("idempotency-key", key)
-            .header("content-type", "application/json")
-            .body(r#"{"amount": 2500, "currency": "EUR"}"#)
-    };
+    let payout = |key: &str| server.post_to("/payouts", ALICE, Some(key), PAYOUT);
     let paid = send(payout("openapi-payout-paid")).await;
     assert_eq!(paid.status, 201);
     assert_documented(&doc, "post", "/payouts", &paid);
@@ -461,11 +418,10 @@ async fn payout_failures_are_answers_the_document_lists() {
     let server = TestServer::start_with(|config| config.psp_url = Some(nowhere)).await;
     let answer = send(
         server
-            .client
-            .post(format!("{}/payouts", server.url))
+            .request(reqwest::Method::POST, "/payouts")
             .bearer_auth(ALICE)
             .header("idempotency-key", "openapi-payout-nowhere")
-            .body(r#"{"amount": 2500, "currency": "EUR"}"#),
+            .body(PAYOUT),
     )
     .await;
     assert_eq!(

@@ -176,43 +176,40 @@ impl Drop for Proc {
     }
 }
 
-fn worker(broker: &str, namespace: &str, database: &str, extra: &[&str]) -> Proc {
+/// `idem SUBCOMMAND` on `broker` in `namespace` and on `database`, with `flags`, then `extra`.
+fn spawn_on(
+    subcommand: &str,
+    broker: &str,
+    namespace: &str,
+    database: &str,
+    flags: &[&str],
+    extra: &[&str],
+) -> Proc {
     let mut args = vec![
-        "worker",
+        subcommand,
         "--broker",
         broker,
         "--broker-namespace",
         namespace,
         "--database",
         database,
-        // A delivery left unacknowledged by a killed worker comes back within a second.
-        "--ack-wait-ms",
-        "1000",
-        "--session-timeout-ms",
-        "6000",
     ];
+    args.extend_from_slice(flags);
     args.extend_from_slice(extra);
-    let proc = Proc::spawn(&args);
+    Proc::spawn(&args)
+}
+
+fn worker(broker: &str, namespace: &str, database: &str, extra: &[&str]) -> Proc {
+    // A delivery left unacknowledged by a killed worker comes back within a second.
+    let flags = ["--ack-wait-ms", "1000", "--session-timeout-ms", "6000"];
+    let proc = spawn_on("worker", broker, namespace, database, &flags, extra);
     proc.await_line("idem worker: consuming");
     proc
 }
 
 fn serve(broker: &str, namespace: &str, database: &str, extra: &[&str]) -> Proc {
-    let mut args = vec![
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--broker",
-        broker,
-        "--broker-namespace",
-        namespace,
-        "--database",
-        database,
-        "--relay-poll-ms",
-        "50",
-    ];
-    args.extend_from_slice(extra);
-    Proc::spawn(&args)
+    let flags = ["--listen", "127.0.0.1:0", "--relay-poll-ms", "50"];
+    spawn_on("serve", broker, namespace, database, &flags, extra)
 }
 
 /// The test's view of the database the service and the workers share.

@@ -4,108 +4,61 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{ALICE, TestServer, send};
+use common::{ALICE, Spawned, TestServer, send, start_psp};
 use futures_util::future::join_all;
 use idem_cli::fake_psp::{FakePsp, Faults};
 
-/// A real `idem serve` process, killed when dropped.
-struct Served {
-    child: Child,
-    url: String,
-    stderr: mpsc::Receiver<String>,
+/// A real `idem serve` process whose payout leases last one second, so crashed payouts are
+/// reconciled fast.
+fn serve(db: &std::path::Path, psp: &str, extra: &[&str]) -> Spawned {
+    serve_with_lease(db, psp, "1", extra)
 }
 
-impl Served {
-    /// A server whose payout leases last one second, so crashed payouts are reconciled fast.
-    fn start(db: &std::path::Path, psp: &str, extra: &[&str]) -> Self {
-        Self::start_with_lease(db, psp, "1", extra)
-    }
+fn serve_with_lease(db: &std::path::Path, psp: &str, lease: &str, extra: &[&str]) -> Spawned {
+    serve_on(&format!("sqlite://{}", db.display()), psp, lease, extra)
+}
 
-    fn start_with_lease(db: &std::path::Path, psp: &str, lease: &str, extra: &[&str]) -> Self {
-        Self::start_on(&format!("sqlite://{}", db.display()), psp, lease, extra)
-    }
-
-    /// A server on `database`; its provider calls time out after 2 s unless `extra` says
-    /// otherwise, so a crashed payout's claim (lease + provider timeout) runs out quickly.
-    fn start_on(database: &str, psp: &str, lease: &str, extra: &[&str]) -> Self {
-        let timeout: &[&str] = if extra.contains(&"--psp-timeout-secs") {
-            &[]
-        } else {
-            &["--psp-timeout-secs", "2"]
-        };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+/// A server on `database`; its provider calls time out after 2 s unless `extra` says
+/// otherwise, so a crashed payout's claim (lease + provider timeout) runs out quickly.
+fn serve_on(database: &str, psp: &str, lease: &str, extra: &[&str]) -> Spawned {
+    let timeout: &[&str] = if extra.contains(&"--psp-timeout-secs") {
+        &[]
+    } else {
+        &["--psp-timeout-secs", "2"]
+    };
+    Spawned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["serve", "--listen", "127.0.0.1:0", "--lease-secs", lease])
             .args(["--database", database])
             .args(["--psp-url", psp])
             .args(timeout)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = stdout.next().unwrap().unwrap();
-        let url = first
-            .split_whitespace()
-            .find(|w| w.starts_with("http://"))
-            .unwrap()
-            .to_owned();
-        // Keep reading stdout: a closed pipe would kill the server at its next line.
-        std::thread::spawn(move || stdout.for_each(drop));
-        // Stderr lines arrive on a channel, so a test can await "paused at".
-        let (tx, stderr) = mpsc::channel();
-        let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Self { child, url, stderr }
-    }
-
-    fn await_line(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200))
-                && line.contains(needle)
-            {
-                return;
-            }
-        }
-        panic!("idem serve never printed {needle:?}");
-    }
-
-    fn kill9(mut self) {
-        let status = Command::new("kill")
-            .args(["-9", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        self.child.wait().unwrap();
-    }
+            .args(extra),
+    )
 }
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Waits for `served` to print `needle` (a fault pause it reached).
+fn await_line(served: &Spawned, needle: &str) {
+    assert!(
+        served.await_line(needle, Duration::from_secs(20)),
+        "idem serve never printed {needle:?}"
+    );
 }
 
-async fn start_psp() -> (FakePsp, String) {
-    let psp = FakePsp::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let router = psp.router();
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    (psp, url)
+/// `idem keys ARGS`: its exit code, stdout and stderr.
+fn keys(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg("keys")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn payout(url: &str, key: &str) -> reqwest::RequestBuilder {
@@ -168,19 +121,19 @@ async fn kill_at(point: KillPoint) {
         })
         .await;
     }
-    let first = Served::start(&db, &psp_url, pause);
+    let mut first = serve(&db, &psp_url, pause);
     let arrived = psp.arrived.notified();
     let lost = send_and_lose(&first.url, &key);
     match point {
-        KillPoint::Before => first.await_line("paused at BeforeProvider"),
-        KillPoint::After => first.await_line("paused at AfterProvider"),
+        KillPoint::Before => await_line(&first, "paused at BeforeProvider"),
+        KillPoint::After => await_line(&first, "paused at AfterProvider"),
         KillPoint::During => arrived.await,
     }
     first.kill9();
     lost.await.unwrap();
     psp.set_faults(Faults::default()).await;
 
-    let second = Served::start(&db, &psp_url, &[]);
+    let second = serve(&db, &psp_url, &[]);
     let (answer, conflicts) = retry_until_final(&second.url, &key).await;
     // Let a delayed charge land before counting.
     if let KillPoint::During = point {
@@ -241,8 +194,8 @@ fn forgetful(hold_ms: u64) -> Faults {
 /// reconciler and a `404` that would release the key while the charge is still being made.
 async fn kill_during_a_held_call(
     psp: &FakePsp,
-    first: Served,
-    retry_on: impl FnOnce() -> Served,
+    mut first: Spawned,
+    retry_on: impl FnOnce() -> Spawned,
     key: &str,
 ) {
     let arrived = psp.arrived.notified();
@@ -279,8 +232,8 @@ async fn kill_9_during_a_held_call_to_a_provider_without_dedup_makes_one_post() 
     let db = dir.path().join("idem.db");
     let (psp, psp_url) = start_forgetful_psp(3000).await;
     let args = ["--psp-timeout-secs", "4"];
-    let first = Served::start_with_lease(&db, &psp_url, "2", &args);
-    let restart = || Served::start_with_lease(&db, &psp_url, "2", &args);
+    let first = serve_with_lease(&db, &psp_url, "2", &args);
+    let restart = || serve_with_lease(&db, &psp_url, "2", &args);
     kill_during_a_held_call(&psp, first, restart, "held-call-key-01").await;
 }
 
@@ -289,8 +242,8 @@ async fn kill_9_during_a_held_call_the_other_instance_reconciles_with_one_post()
     let db = idem_store::testing::PgTestDatabase::create().await;
     let (psp, psp_url) = start_forgetful_psp(3000).await;
     let args = ["--psp-timeout-secs", "4"];
-    let a = Served::start_on(db.url(), &psp_url, "2", &args);
-    let b = Served::start_on(db.url(), &psp_url, "2", &args);
+    let a = serve_on(db.url(), &psp_url, "2", &args);
+    let b = serve_on(db.url(), &psp_url, "2", &args);
     kill_during_a_held_call(&psp, a, || b, "held-call-key-02").await;
 }
 
@@ -316,9 +269,42 @@ async fn honour_retry_after(url: &str, key: &str, first: common::Answer) -> Vec<
     answers
 }
 
-/// The provider fails a payout (`faults`); the client's first answer, an immediate duplicate's
-/// answer, and how long a client that honours `Retry-After` waits for its final one.
-async fn unknown_outcome(faults: Faults, key: &str) -> (FakePsp, Vec<common::Answer>) {
+/// A provider fault that leaves a payout's outcome unknown at first.
+#[derive(Clone, Copy, Debug)]
+enum ProviderFault {
+    /// The provider charges, but its answer is lost on the way back.
+    LostAnswer,
+    /// The provider fails the call before it charges.
+    ErrorBeforeCharging,
+}
+
+/// The provider fails a payout with `fault`: the client's first answer is an
+/// `outcome-unknown` problem, an immediate duplicate's answer a `409`, and a client that
+/// honours `Retry-After` gets its final `201` at its first retry, with the one charge the
+/// provider made.
+async fn unknown_outcome(fault: ProviderFault, key: &str) {
+    // The first answer's status; whether the retry replays (the reconciler found the charge and
+    // stored it) or runs fresh (the key was released at once); the calls the provider received.
+    let (faults, first_status, replays, posts) = match fault {
+        ProviderFault::LostAnswer => (
+            Faults {
+                drop_next: 1,
+                ..Faults::default()
+            },
+            504,
+            true,
+            1,
+        ),
+        ProviderFault::ErrorBeforeCharging => (
+            Faults {
+                fail_next: 1,
+                ..Faults::default()
+            },
+            502,
+            false,
+            2,
+        ),
+    };
     let dir = tempfile::tempdir().unwrap();
     let (psp, psp_url) = start_psp().await;
     // The reconciler's look takes 300 ms, so the duplicate below meets the unknown record.
@@ -327,7 +313,7 @@ async fn unknown_outcome(faults: Faults, key: &str) -> (FakePsp, Vec<common::Ans
         ..faults
     })
     .await;
-    let served = Served::start(&dir.path().join("idem.db"), &psp_url, &[]);
+    let served = serve(&dir.path().join("idem.db"), &psp_url, &[]);
     let started = Instant::now();
     let first = send(payout(&served.url, key)).await;
     let duplicate = send(payout(&served.url, key)).await;
@@ -337,6 +323,8 @@ async fn unknown_outcome(faults: Faults, key: &str) -> (FakePsp, Vec<common::Ans
         "the handler has returned: never \"still running\""
     );
     assert!(duplicate.headers.contains_key("retry-after"));
+    assert_eq!(first.status, first_status, "{}", first.body);
+    assert_eq!(first.body["type"], "urn:idem:problem:outcome-unknown");
     let answers = honour_retry_after(&served.url, key, first).await;
     let last = answers.last().unwrap();
     eprintln!(
@@ -352,39 +340,28 @@ async fn unknown_outcome(faults: Faults, key: &str) -> (FakePsp, Vec<common::Ans
         2,
         "the first retry at its Retry-After gets the final answer"
     );
-    (psp, answers)
+    assert_eq!(
+        last.replayed(),
+        replays,
+        "{fault:?}: the retry replays only a charge the reconciler stored"
+    );
+    assert_eq!(last.body["provider_charge"], "ch_1");
+    assert_eq!(
+        psp.requests(),
+        posts,
+        "{fault:?}: the calls the provider got"
+    );
+    assert_eq!(psp.charges().await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_provider_answer_is_reconciled_not_charged_twice() {
-    let faults = Faults {
-        drop_next: 1,
-        ..Faults::default()
-    };
-    let (psp, answers) = unknown_outcome(faults, "lost-answer-01").await;
-    assert_eq!(answers[0].status, 504, "{}", answers[0].body);
-    assert_eq!(answers[0].body["type"], "urn:idem:problem:outcome-unknown");
-    assert!(
-        answers[1].replayed(),
-        "the reconciler stored the provider's charge"
-    );
-    assert_eq!(answers[1].body["provider_charge"], "ch_1");
-    assert_eq!(psp.requests(), 1);
-    assert_eq!(psp.charges().await, 1);
+    unknown_outcome(ProviderFault::LostAnswer, "lost-answer-01").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_error_before_charging_is_released_at_once_and_the_retry_pays() {
-    let faults = Faults {
-        fail_next: 1,
-        ..Faults::default()
-    };
-    let (psp, answers) = unknown_outcome(faults, "provider-500-01").await;
-    assert_eq!(answers[0].status, 502, "{}", answers[0].body);
-    assert_eq!(answers[0].body["type"], "urn:idem:problem:outcome-unknown");
-    assert!(!answers[1].replayed(), "released: the retry ran fresh");
-    assert_eq!(psp.requests(), 2, "the failed call and the retry's");
-    assert_eq!(psp.charges().await, 1);
+    unknown_outcome(ProviderFault::ErrorBeforeCharging, "provider-500-01").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -393,7 +370,7 @@ async fn a_provider_that_is_down_releases_the_key_and_a_decline_is_stored() {
     let parked = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let down = format!("http://{}", parked.local_addr().unwrap());
     drop(parked);
-    let served = Served::start(&dir.path().join("idem.db"), &down, &[]);
+    let served = serve(&dir.path().join("idem.db"), &down, &[]);
     let answer = send(payout(&served.url, "provider-down-1")).await;
     assert_eq!(answer.status, 502);
     drop(served);
@@ -404,7 +381,7 @@ async fn a_provider_that_is_down_releases_the_key_and_a_decline_is_stored() {
         ..Faults::default()
     })
     .await;
-    let served = Served::start(&dir.path().join("idem.db"), &psp_url, &[]);
+    let served = serve(&dir.path().join("idem.db"), &psp_url, &[]);
     // The same key runs fresh (it was released), and the decline is stored and replayed.
     let declined = send(payout(&served.url, "provider-down-1")).await;
     assert_eq!(declined.status, 402);
@@ -421,13 +398,12 @@ async fn a_thousand_concurrent_invoice_requests_with_200_keys_issue_1_to_200_onc
         .map(|i| format!("invoice-key-{:04}", i % 200))
         .collect();
     let answers = join_all(requests.iter().map(|key| {
-        let req = server
-            .client
-            .post(format!("{}/invoices", server.url))
-            .bearer_auth(ALICE)
-            .header("idempotency-key", key)
-            .header("content-type", "application/json")
-            .body(r#"{"amount": 100, "currency": "EUR"}"#);
+        let req = server.post_to(
+            "/invoices",
+            ALICE,
+            Some(key),
+            r#"{"amount": 100, "currency": "EUR"}"#,
+        );
         async move { (key.clone(), send(req).await) }
     }))
     .await;
@@ -452,33 +428,33 @@ async fn a_thousand_concurrent_invoice_requests_with_200_keys_issue_1_to_200_onc
     server.stop().await;
 }
 
+/// `idem.db` in `dir`, where an `idem serve` (gone again) paid out once for each of `keys`; and
+/// the provider's URL.
+async fn paid(dir: &std::path::Path, keys: &[&str]) -> (std::path::PathBuf, String) {
+    let db = dir.join("idem.db");
+    let (_psp, psp_url) = start_psp().await;
+    let served = serve(&db, &psp_url, &[]);
+    for key in keys {
+        assert_eq!(send(payout(&served.url, key)).await.status, 201);
+    }
+    (db, psp_url)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idem_keys_lists_shows_purges_and_completes() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("idem.db");
-    let (_psp, psp_url) = start_psp().await;
-    let served = Served::start(&db, &psp_url, &[]);
-    send(payout(&served.url, "listed-key-0001")).await;
-    drop(served);
+    let (db, psp_url) = paid(dir.path(), &["listed-key-0001"]).await;
     // A worker killed before it stored the outcome, under an hour's lease: stuck.
-    let served =
-        Served::start_with_lease(&db, &psp_url, "3600", &["--fault-pause", "after-provider"]);
+    let mut served = serve_with_lease(&db, &psp_url, "3600", &["--fault-pause", "after-provider"]);
     let lost = send_and_lose(&served.url, "stuck-key-00001");
-    served.await_line("paused at AfterProvider");
+    await_line(&served, "paused at AfterProvider");
     served.kill9();
     lost.await.unwrap();
 
+    let database = format!("sqlite://{}", db.display());
     let idem = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .arg("keys")
-            .args(["--database", &format!("sqlite://{}", db.display())])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
+        let (code, stdout, _) = keys(&[&["--database", database.as_str()], args].concat());
+        (code, stdout)
     };
     let (code, list) = idem(&["list"]);
     assert_eq!(code, Some(0));
@@ -502,23 +478,16 @@ async fn idem_keys_lists_shows_purges_and_completes() {
     let (_, with_body) = idem(&["show", "acct_alice", "listed-key-0001", "--body"]);
     assert!(with_body.contains("po_ch_1"), "{with_body}");
 
-    let (code, _) = idem(&[
+    let complete = [
         "complete",
         "acct_alice",
         "stuck-key-00001",
         "--status",
         "201",
-        "--body",
-        r#"{"id":"po_ch_2"}"#,
-    ]);
+    ];
+    let (code, _) = idem(&[&complete[..], &["--body", r#"{"id":"po_ch_2"}"#]].concat());
     assert_eq!(code, Some(0));
-    let (code, _) = idem(&[
-        "complete",
-        "acct_alice",
-        "stuck-key-00001",
-        "--status",
-        "201",
-    ]);
+    let (code, _) = idem(&complete);
     assert_eq!(code, Some(1), "only an in-progress key can be completed");
     let (code, _) = idem(&["purge", "acct_alice", "listed-key-0001"]);
     assert_eq!(code, Some(0));
@@ -541,8 +510,8 @@ async fn a_duplicate_on_another_instance_waits_for_the_outcome_woken_by_notify()
     })
     .await;
     let wait = ["--wait-for-outcome-secs", "20"];
-    let a = Served::start_on(db.url(), &psp_url, "30", &wait);
-    let b = Served::start_on(db.url(), &psp_url, "30", &wait);
+    let a = serve_on(db.url(), &psp_url, "30", &wait);
+    let b = serve_on(db.url(), &psp_url, "30", &wait);
     let arrived = psp.arrived.notified();
     let original = tokio::spawn(send(payout(&a.url, "notified-key-01")));
     arrived.await;
@@ -565,31 +534,13 @@ async fn a_duplicate_on_another_instance_waits_for_the_outcome_woken_by_notify()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idem_keys_refuses_a_missing_database_takes_both_key_forms_and_wraps_long_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("idem.db");
-    let (_psp, psp_url) = start_psp().await;
-    let served = Served::start(&db, &psp_url, &[]);
     let long_key = format!("long-{}", "k".repeat(90));
-    for key in ["order-1042-pay", long_key.as_str()] {
-        assert_eq!(send(payout(&served.url, key)).await.status, 201);
-    }
-    drop(served);
-    let idem = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-            .arg("keys")
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let (db, _) = paid(dir.path(), &["order-1042-pay", &long_key]).await;
     let database = format!("sqlite://{}", db.display());
 
     // A wrong path is an error, not an empty database with "0 keys".
     let missing = format!("sqlite://{}", dir.path().join("elsewhere.db").display());
-    let (code, _, stderr) = idem(&["--database", &missing, "list"]);
+    let (code, _, stderr) = keys(&["--database", &missing, "list"]);
     assert_eq!(code, Some(2), "an error: {stderr}");
     assert!(stderr.contains("no database at"), "{stderr}");
     assert!(
@@ -598,7 +549,7 @@ async fn idem_keys_refuses_a_missing_database_takes_both_key_forms_and_wraps_lon
     );
 
     // --database after the subcommand; the quoted form names the same key.
-    let (code, shown, stderr) = idem(&[
+    let (code, shown, stderr) = keys(&[
         "show",
         "acct_alice",
         "\"order-1042-pay\"",
@@ -609,7 +560,7 @@ async fn idem_keys_refuses_a_missing_database_takes_both_key_forms_and_wraps_lon
     assert!(shown.contains("key          order-1042-pay"), "{shown}");
 
     // A long key wraps under its column; every line of the table stays aligned.
-    let (code, list, _) = idem(&["list", "--database", &database]);
+    let (code, list, _) = keys(&["list", "--database", &database]);
     assert_eq!(code, Some(0));
     let lines: Vec<&str> = list.lines().collect();
     let row = lines

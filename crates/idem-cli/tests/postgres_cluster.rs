@@ -388,15 +388,22 @@ fn split_copies() -> Vec<(usize, usize)> {
     copies
 }
 
-/// The final answers of a burst: every one a `201`, exactly one fresh per key.
-fn assert_one_fresh_answer_per_key(finals: &[Seen]) {
+/// The final answers of a burst, which must all be `201`s: the keys answered fresh, each as
+/// often as it was, and the set of them.
+fn fresh_keys(finals: &[Seen]) -> (Vec<usize>, HashSet<usize>) {
+    assert!(finals.iter().all(Seen::created), "{:?}", tally(finals));
     let fresh: Vec<usize> = finals
         .iter()
         .filter(|s| !s.replayed)
         .map(|s| s.key)
         .collect();
-    let distinct: HashSet<usize> = fresh.iter().copied().collect();
-    assert!(finals.iter().all(Seen::created), "{:?}", tally(finals));
+    let distinct = fresh.iter().copied().collect();
+    (fresh, distinct)
+}
+
+/// The final answers of a burst: every one a `201`, exactly one fresh per key.
+fn assert_one_fresh_answer_per_key(finals: &[Seen]) {
+    let (fresh, distinct) = fresh_keys(finals);
     assert_eq!(
         fresh.len(),
         KEYS,
@@ -412,13 +419,7 @@ fn assert_one_fresh_answer_per_key(finals: &[Seen]) {
 /// the process died, so the one fresh answer died with it and every retry replays. (That the
 /// key still has exactly one payment is checked against the database.)
 fn assert_one_fresh_answer_per_key_unless_cut(finals: &[Seen], cut_keys: &HashSet<usize>) {
-    let fresh: Vec<usize> = finals
-        .iter()
-        .filter(|s| !s.replayed)
-        .map(|s| s.key)
-        .collect();
-    let distinct: HashSet<usize> = fresh.iter().copied().collect();
-    assert!(finals.iter().all(Seen::created), "{:?}", tally(finals));
+    let (fresh, distinct) = fresh_keys(finals);
     assert_eq!(distinct.len(), fresh.len(), "a key answered fresh twice");
     let unanswered: Vec<usize> = (0..KEYS).filter(|k| !distinct.contains(k)).collect();
     assert!(

@@ -1,48 +1,19 @@
 //! The `idem proxy` binary: start-up, its own `/healthz` and `/metrics`, and a replay through it.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
 
-struct Proxy(Child);
+use std::process::Command;
 
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{Spawned, assert_healthy, metrics};
 
-/// Starts `idem proxy` from `dir`; returns it, the address it announced, and its stderr lines
-/// as they come.
-fn start_proxy(
-    dir: &std::path::Path,
-    upstream: &str,
-    extra: &[&str],
-) -> (Proxy, String, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
-        .args(extra)
-        .current_dir(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (tx, log) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in stderr.map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    std::thread::spawn(move || lines.for_each(drop));
-    let url = first
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap()
-        .to_owned();
-    (Proxy(child), url, log)
+/// Starts `idem proxy` from `dir` in front of `upstream`, with `extra` flags.
+fn start_proxy(dir: &std::path::Path, upstream: &str, extra: &[&str]) -> Spawned {
+    Spawned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+            .args(extra)
+            .current_dir(dir),
+    )
 }
 
 async fn start_upstream() -> String {
@@ -63,39 +34,31 @@ async fn start_upstream() -> String {
     url
 }
 
+/// `POST {url}/orders` with `key`, which the upstream (or the replay) answers `201`.
+async fn order(client: &reqwest::Client, url: &str, key: &str) -> reqwest::Response {
+    let answer = client
+        .post(format!("{url}/orders"))
+        .header("authorization", "Bearer t1")
+        .header("idempotency-key", key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 201);
+    answer
+}
+
 #[tokio::test]
 async fn the_proxy_answers_health_and_metrics_and_replays() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = start_upstream().await;
-    let (_proxy, url, _log) = start_proxy(dir.path(), &upstream, &[]);
+    let proxy = start_proxy(dir.path(), &upstream, &[]);
+    let url = &proxy.url;
     let client = reqwest::Client::new();
-    let health: serde_json::Value = client
-        .get(format!("{url}/healthz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(health["status"], "ok");
+    assert_healthy(&client, url).await;
     for _ in 0..2 {
-        let answer = client
-            .post(format!("{url}/orders"))
-            .header("authorization", "Bearer t1")
-            .header("idempotency-key", "order-key-0001")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(answer.status(), 201);
+        order(&client, url, "order-key-0001").await;
     }
-    let metrics = client
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&client, url).await;
     assert!(
         metrics.contains("idem_requests_total{outcome=\"replay\"}"),
         "{metrics}"
@@ -123,17 +86,11 @@ async fn a_stored_header_is_replayed() {
     ] {
         let sub = dir.path().join(if kept { "kept" } else { "plain" });
         std::fs::create_dir(&sub).unwrap();
-        let (_proxy, url, _log) = start_proxy(&sub, &upstream, flags);
+        let proxy = start_proxy(&sub, &upstream, flags);
+        let url = &proxy.url;
         let mut ids = Vec::new();
         for _ in 0..2 {
-            let answer = client
-                .post(format!("{url}/orders"))
-                .header("authorization", "Bearer t1")
-                .header("idempotency-key", "order-key-0002")
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(answer.status(), 201);
+            let answer = order(&client, url, "order-key-0002").await;
             ids.push(answer.headers().get("request-id").cloned());
         }
         assert!(ids[0].is_some(), "the first answer is the upstream's own");
@@ -152,11 +109,12 @@ async fn with_admin_listen_health_moves_off_the_main_listener() {
     let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let admin_addr = admin.local_addr().unwrap();
     drop(admin);
-    let (_proxy, url, _log) = start_proxy(
+    let proxy = start_proxy(
         dir.path(),
         &upstream,
         &["--admin-listen", &admin_addr.to_string()],
     );
+    let url = &proxy.url;
     let client = reqwest::Client::new();
     // The main listener passes /healthz to the upstream (which has no such route).
     let main = client.get(format!("{url}/healthz")).send().await.unwrap();
@@ -236,18 +194,11 @@ async fn the_proxy_sweeps_expired_keys_on_sqlite() {
     );
 
     let store_url = format!("sqlite://{}", db.display());
-    let (_proxy, _url, rx) =
-        start_proxy(dir.path(), "http://127.0.0.1:1", &["--store", &store_url]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .expect("the proxy swept at start (it logs each sweep that deleted keys)");
-        if line.contains("swept expired keys") {
-            break;
-        }
-    }
+    let proxy = start_proxy(dir.path(), "http://127.0.0.1:1", &["--store", &store_url]);
+    assert!(
+        proxy.await_line("swept expired keys", std::time::Duration::from_secs(20)),
+        "the proxy swept at start (it logs each sweep that deleted keys)"
+    );
     assert_eq!(
         store.get(&scope).await.unwrap(),
         None,

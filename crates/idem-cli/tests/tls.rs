@@ -88,16 +88,22 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// The drill's JSON report: every check passed but the expiry one, which the default
-/// retention (a day) skips.
-fn assert_drill_passed(output: &Output) {
+/// The stdout of a run that exited with `code`; its stdout and stderr if it did not.
+fn stdout_of(output: &Output, code: i32) -> String {
     let stdout = text(&output.stdout);
     assert_eq!(
         output.status.code(),
-        Some(0),
+        Some(code),
         "{stdout}\n{}",
         text(&output.stderr)
     );
+    stdout
+}
+
+/// The drill's JSON report: every check passed but the expiry one, which the default
+/// retention (a day) skips.
+fn assert_drill_passed(output: &Output) {
+    let stdout = stdout_of(output, 0);
     let json: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(
         (&json["passed"], &json["failed"], &json["skipped"]),
@@ -149,13 +155,7 @@ async fn the_drill_names_the_failed_checks_of_a_broken_api_over_https() {
         std::future::pending(),
     ));
     let output = idem(drill_args(&url, &["--ca-cert", &pki.ca()])).await;
-    let stdout = text(&output.stdout);
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "{stdout}{}",
-        text(&output.stderr)
-    );
+    let stdout = stdout_of(&output, 1);
     for check in ["concurrent", "replay", "body-mismatch", "missing-key"] {
         assert!(
             stdout
@@ -248,26 +248,27 @@ async fn the_proxy_serves_https_in_front_of_an_https_upstream() {
     let upstream_url = by_name(&upstream.url);
     let flags = pki.server_flags();
     let ca = pki.ca();
-    // The proxy's own TLS flags, a store of its own and a secret.
-    let proxy_args = |store: &str| -> Vec<String> {
-        let mut args = flags.to_vec();
+    // `idem proxy` with its own TLS flags, a store of its own (`NAME.db`, its log `NAME.log`)
+    // and a secret, then `extra`.
+    let start_proxy = |name: &str, extra: &[&str]| {
+        let mut args: Vec<String> = flags.to_vec();
         args.extend([
             "--store".into(),
-            format!("sqlite://{}", dir.path().join(store).display()),
+            format!(
+                "sqlite://{}",
+                dir.path().join(format!("{name}.db")).display()
+            ),
         ]);
         args.extend(["--secret".into(), "a-test-secret-of-some-length".into()]);
-        args
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let log = dir.path().join(format!("{name}.log"));
+        let (dir, upstream_url) = (dir.path(), &upstream_url);
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Idem::start_proxy(dir, upstream_url, &args, log).await
+        }
     };
-    let mut with_ca = proxy_args("proxy.db");
-    with_ca.extend(["--ca-cert".into(), ca.clone()]);
-    let with_ca: Vec<&str> = with_ca.iter().map(String::as_str).collect();
-    let proxy = Idem::start_proxy(
-        dir.path(),
-        &upstream_url,
-        &with_ca,
-        dir.path().join("proxy.log"),
-    )
-    .await;
+    let proxy = start_proxy("proxy", &["--ca-cert", &ca]).await;
     assert!(proxy.url.starts_with("https://"), "{}", proxy.url);
     let url = format!("{}/payments", by_name(&proxy.url));
     let output = idem(drill_args(&url, &["--ca-cert", &ca, "--json"])).await;
@@ -283,15 +284,7 @@ async fn the_proxy_serves_https_in_front_of_an_https_upstream() {
     }
 
     // The upstream's certificate is not trusted without --ca-cert: a 502.
-    let without_ca = proxy_args("proxy2.db");
-    let without_ca: Vec<&str> = without_ca.iter().map(String::as_str).collect();
-    let untrusting = Idem::start_proxy(
-        dir.path(),
-        &upstream_url,
-        &without_ca,
-        dir.path().join("proxy2.log"),
-    )
-    .await;
+    let untrusting = start_proxy("proxy2", &[]).await;
     let client = reqwest::Client::builder()
         .add_root_certificate(
             reqwest::Certificate::from_pem(&std::fs::read(PathBuf::from(&ca)).unwrap()).unwrap(),

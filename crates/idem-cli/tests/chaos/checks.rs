@@ -54,26 +54,29 @@ pub(crate) async fn count(db: &mut PgConnection, sql: &'static str) -> i64 {
 /// The checks on the log and the database, after the chaos and the settling.
 pub(crate) async fn check(load: &Load, cluster: &Cluster, findings: &mut Findings) -> Vec<Attempt> {
     let during = load.journal.attempts();
-    let (keys, acked) = check_answers(load, &during, findings);
+    let answered = check_answers(load, &during, findings);
     let mut db = PgConnection::connect(&cluster.url)
         .await
         .expect("connect to the cluster");
-    check_database(load, &mut db, &keys, &acked, findings).await;
+    check_database(load, &mut db, &answered, findings).await;
     check_in_progress(&mut db, cluster, findings).await;
-    let finals = check_final_replays(load, &mut db, &keys, &acked, findings).await;
+    let finals = check_final_replays(load, &mut db, &answered, findings).await;
     check_no_idle_transaction(&mut db, findings).await;
     db.close().await.expect("close");
     finals
 }
 
+/// What the run's answers say, for the checks of the database after them.
+struct Answered<'a> {
+    /// The keys sent.
+    keys: BTreeMap<u32, ()>,
+    /// Each acknowledged key's first acknowledgement.
+    acked: BTreeMap<u32, &'a Attempt>,
+}
+
 /// The answers during the run: none outside the contract, every copy its `201`, one fresh
-/// `201` per key, every `2xx` of a key the same bytes. Returns the keys sent and each key's
-/// first acknowledgement.
-fn check_answers<'a>(
-    load: &Load,
-    during: &'a [Attempt],
-    findings: &mut Findings,
-) -> (BTreeMap<u32, ()>, BTreeMap<u32, &'a Attempt>) {
+/// `201` per key, every `2xx` of a key the same bytes.
+fn check_answers<'a>(load: &Load, during: &'a [Attempt], findings: &mut Findings) -> Answered<'a> {
     // No answer outside the contract, at any time.
     let bad: Vec<&Attempt> = during.iter().filter(|a| !a.allowed()).collect();
     if !bad.is_empty() {
@@ -134,15 +137,14 @@ fn check_answers<'a>(
         ));
     }
     let keys: BTreeMap<u32, ()> = copies.iter().map(|(k, _)| (*k, ())).collect();
-    (keys, acked)
+    Answered { keys, acked }
 }
 
 /// The database as the chaos left it.
 async fn check_database(
     load: &Load,
     db: &mut PgConnection,
-    keys: &BTreeMap<u32, ()>,
-    acked: &BTreeMap<u32, &Attempt>,
+    Answered { keys, acked }: &Answered<'_>,
     findings: &mut Findings,
 ) {
     // The database as the chaos left it: at most one payment per key, the acknowledged one.
@@ -199,8 +201,7 @@ async fn check_in_progress(db: &mut PgConnection, cluster: &Cluster, findings: &
 async fn check_final_replays(
     load: &Load,
     db: &mut PgConnection,
-    keys: &BTreeMap<u32, ()>,
-    acked: &BTreeMap<u32, &Attempt>,
+    Answered { keys, acked }: &Answered<'_>,
     findings: &mut Findings,
 ) -> Vec<Attempt> {
     // Every key once more, through both instances: the acknowledged ones must replay byte for

@@ -35,11 +35,9 @@ pub(crate) struct Attempt {
     pub(crate) copy: u8,
     pub(crate) attempt: u32,
     pub(crate) via: Via,
-    /// Which instance slot (0 or 1), which of its processes (restarts count up), on what port
-    /// (an instance is an `idem serve`, or an `idem proxy` in the gateway's run).
-    pub(crate) instance: usize,
-    pub(crate) generation: u32,
-    pub(crate) port: u16,
+    /// Where it was sent.
+    #[serde(flatten)]
+    pub(crate) on: Process,
     /// Milliseconds since the run started.
     pub(crate) sent_ms: f64,
     pub(crate) done_ms: f64,
@@ -57,12 +55,27 @@ pub(crate) struct Attempt {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
     pub(crate) timed_out: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) cut_at: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) head_len: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) request_len: Option<usize>,
+    /// Where a cut attempt was cut.
+    #[serde(flatten)]
+    pub(crate) cut: Option<Cut>,
+}
+
+/// Which instance slot (0 or 1), which of its processes (restarts count up), on what port (an
+/// instance is an `idem serve`, or an `idem proxy` in the gateway's run).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Process {
+    pub(crate) instance: usize,
+    pub(crate) generation: u32,
+    pub(crate) port: u16,
+}
+
+/// Where a request was cut: after its first `cut_at` bytes, of a head of `head_len` bytes and
+/// a request of `request_len`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub(crate) struct Cut {
+    pub(crate) cut_at: usize,
+    pub(crate) head_len: usize,
+    pub(crate) request_len: usize,
 }
 
 impl Attempt {
@@ -104,12 +117,9 @@ impl Attempt {
 pub(crate) struct Event {
     pub(crate) what: &'static str,
     pub(crate) ms: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) instance: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) generation: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) port: Option<u16>,
+    /// The process it happened to, if any.
+    #[serde(flatten)]
+    pub(crate) on: Option<Process>,
     /// A network fault's name, and which relays it is on (`0`, `1` or `both`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) fault: Option<&'static str>,
@@ -170,9 +180,11 @@ impl Journal {
         self.push_event(Event {
             what,
             ms: self.ms(Instant::now()),
-            instance: instance.map(|i| i.0),
-            generation: instance.map(|i| i.1),
-            port: instance.map(|i| i.2),
+            on: instance.map(|(instance, generation, port)| Process {
+                instance,
+                generation,
+                port,
+            }),
             fault: None,
             relays: None,
         });
@@ -182,9 +194,7 @@ impl Journal {
         self.push_event(Event {
             what,
             ms: self.ms(Instant::now()),
-            instance: None,
-            generation: None,
-            port: None,
+            on: None,
             fault: Some(fault.name()),
             relays: Some(on.name()),
         });

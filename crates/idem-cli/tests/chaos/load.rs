@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::journal::{Attempt, Journal, Via};
+use crate::journal::{Attempt, Cut, Journal, Process, Via};
 use crate::settings::Settings;
 
 /// The chance that a copy is sent again a little after it got its `201` (a client that lost
@@ -305,27 +305,7 @@ impl Load {
             Ok::<_, reqwest::Error>((status, retry_after, replayed, body))
         }
         .await;
-        let mut seen = Attempt {
-            key,
-            copy,
-            attempt,
-            via,
-            instance: route.slot,
-            generation: route.generation,
-            port: route.port,
-            sent_ms: self.journal.ms(sent),
-            done_ms: self.journal.ms(Instant::now()),
-            status: None,
-            retry_after: None,
-            replayed: false,
-            body: String::new(),
-            raw: Bytes::new(),
-            error: None,
-            timed_out: false,
-            cut_at: None,
-            head_len: None,
-            request_len: None,
-        };
+        let mut seen = self.unanswered((key, copy, attempt), via, route, sent);
         match result {
             Ok((status, retry_after, replayed, body)) => {
                 seen.status = Some(status);
@@ -382,14 +362,35 @@ impl Load {
             Ok::<_, std::io::Error>(())
         }
         .await;
-        self.journal.attempt(Attempt {
+        let mut cut = self.unanswered((key, copy, attempt), Via::Cut, &route, sent);
+        cut.error = written.err().map(|e| e.to_string());
+        cut.cut = Some(Cut {
+            cut_at,
+            head_len: head.len(),
+            request_len: request.len(),
+        });
+        self.journal.attempt(cut);
+    }
+
+    /// The record of attempt `attempt` of copy `copy` of `key`, sent at `sent` through `route`
+    /// and done now, with no answer: the caller adds what came back.
+    fn unanswered(
+        &self,
+        (key, copy, attempt): (u32, u8, u32),
+        via: Via,
+        route: &Route,
+        sent: Instant,
+    ) -> Attempt {
+        Attempt {
             key,
             copy,
             attempt,
-            via: Via::Cut,
-            instance: route.slot,
-            generation: route.generation,
-            port: route.port,
+            via,
+            on: Process {
+                instance: route.slot,
+                generation: route.generation,
+                port: route.port,
+            },
             sent_ms: self.journal.ms(sent),
             done_ms: self.journal.ms(Instant::now()),
             status: None,
@@ -397,11 +398,9 @@ impl Load {
             replayed: false,
             body: String::new(),
             raw: Bytes::new(),
-            error: written.err().map(|e| e.to_string()),
+            error: None,
             timed_out: false,
-            cut_at: Some(cut_at),
-            head_len: Some(head.len()),
-            request_len: Some(request.len()),
-        });
+            cut: None,
+        }
     }
 }

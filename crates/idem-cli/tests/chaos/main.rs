@@ -195,9 +195,9 @@ impl Report<'_> {
         } = self;
         let keys: HashSet<u32> = during.iter().map(|a| a.key).collect();
         let cuts: Vec<&Attempt> = during.iter().filter(|a| a.via == Via::Cut).collect();
-        let cut_where = |a: &&Attempt| match (a.cut_at, a.head_len, a.request_len) {
-            (Some(at), Some(head), _) if at < head => "mid-head",
-            (Some(at), _, Some(len)) if at < len => "mid-body",
+        let cut_where = |a: &&Attempt| match a.cut {
+            Some(cut) if cut.cut_at < cut.head_len => "mid-head",
+            Some(cut) if cut.cut_at < cut.request_len => "mid-body",
             _ => "after the request",
         };
         let mut cut_tally: BTreeMap<&str, usize> = BTreeMap::new();

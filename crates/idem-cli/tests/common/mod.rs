@@ -1,8 +1,12 @@
-//! A real `idem serve` on 127.0.0.1:0, in-process, with its own database and clock.
+//! A real `idem serve` on 127.0.0.1:0, in-process, with its own database and clock; and the
+//! helpers of the tests that run `idem` as a child process.
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::time::Duration;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use idem_cli::serve::{ServeConfig, serve};
 use idem_core::{ManualClock, Timestamp};
@@ -70,17 +74,36 @@ impl TestServer {
         assert_eq!(status, 200);
     }
 
-    pub fn post(&self, token: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
-        let mut req = self
-            .client
-            .post(format!("{}/payments", self.url))
+    /// A `method` request to `path` on the server, with no credentials yet.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client.request(method, format!("{}{path}", self.url))
+    }
+
+    /// A `GET` of `path`, with no credentials yet.
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.request(reqwest::Method::GET, path)
+    }
+
+    /// A JSON `POST` of `body` to `path` as `token`, with `key` as its Idempotency-Key when
+    /// there is one.
+    pub fn post_to(
+        &self,
+        path: &str,
+        token: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> reqwest::RequestBuilder {
+        let request = self
+            .request(reqwest::Method::POST, path)
             .bearer_auth(token)
             .header("content-type", "application/json")
             .body(body.to_owned());
-        if let Some(key) = key {
-            req = req.header("idempotency-key", key);
-        }
-        req
+        keyed(request, key)
+    }
+
+    /// [`TestServer::post_to`] `/payments`.
+    pub fn post(&self, token: &str, key: Option<&str>, body: &str) -> reqwest::RequestBuilder {
+        self.post_to("/payments", token, key, body)
     }
 
     /// A separate connection to the service's database, for checking what it holds.
@@ -156,6 +179,14 @@ impl Answer {
     }
 }
 
+/// `request` with `key` as its Idempotency-Key, if there is one.
+pub fn keyed(request: reqwest::RequestBuilder, key: Option<&str>) -> reqwest::RequestBuilder {
+    match key {
+        Some(key) => request.header("idempotency-key", key),
+        None => request,
+    }
+}
+
 pub async fn send(req: reqwest::RequestBuilder) -> Answer {
     Answer::of(req.send().await.expect("the server answers")).await
 }
@@ -180,4 +211,123 @@ pub fn drill_args(url: &str, extra: &[&str]) -> Vec<String> {
         .chain(extra)
         .map(|s| s.to_string())
         .collect()
+}
+
+/// `GET {url}/healthz` answers `{"status": "ok"}`.
+pub async fn assert_healthy(client: &reqwest::Client, url: &str) {
+    let health: serde_json::Value = answered_get(client, &format!("{url}/healthz"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["status"], "ok");
+}
+
+/// The text of `GET {url}/metrics`.
+pub async fn metrics(client: &reqwest::Client, url: &str) -> String {
+    answered_get(client, &format!("{url}/metrics"))
+        .await
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn answered_get(client: &reqwest::Client, url: &str) -> reqwest::Response {
+    client.get(url).send().await.expect("the server answers")
+}
+
+/// A fake payment provider on 127.0.0.1:0: the provider and its URL.
+pub async fn start_psp() -> (idem_cli::fake_psp::FakePsp, String) {
+    let psp = idem_cli::fake_psp::FakePsp::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let router = psp.router();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (psp, url)
+}
+
+/// A child process that says where it listens in its first line on stdout (`idem serve`,
+/// `idem proxy`), its output read on threads of its own; dropping it kills it.
+pub struct Spawned {
+    pub child: std::process::Child,
+    /// The first line it printed.
+    pub first_line: String,
+    /// The `http://…` address in that line.
+    pub url: String,
+    /// Its stderr, line by line as it comes.
+    pub stderr: mpsc::Receiver<String>,
+}
+
+impl Spawned {
+    /// Spawns `command` with stdout and stderr piped and waits for its first line.
+    pub fn spawn(command: &mut Command) -> Self {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the child");
+        let (tx, stderr) = mpsc::channel();
+        let lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
+        // Read to the end even when nobody listens any more: a full pipe would block the child.
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let first_line = stdout
+            .next()
+            .expect("the child printed a line")
+            .expect("a line of text");
+        // Keep reading stdout: a closed pipe would kill the child at its next line.
+        std::thread::spawn(move || stdout.for_each(drop));
+        let url = first_line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in {first_line:?}"))
+            .to_owned();
+        Self {
+            child,
+            first_line,
+            url,
+            stderr,
+        }
+    }
+
+    /// Waits up to `patience` for a line on stderr that contains `needle`; whether one came.
+    pub fn await_line(&self, needle: &str, patience: Duration) -> bool {
+        let deadline = Instant::now() + patience;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return true,
+                Ok(_) => {}
+                // Out of time, or the child closed its stderr (it died).
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// SIGKILL, as `kill -9`: no shutdown, no cleanup.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM, and how the child ended.
+    pub fn terminate(&mut self) -> ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(sent.success());
+        self.child.wait().expect("reap")
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
