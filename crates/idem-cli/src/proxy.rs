@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use http::{HeaderName, Uri};
-use idem_gateway::{GatewayConfig, KeyForwarding, Secret, UnknownOutcome};
-use idem_store::{PgStore, RedisStore, SqliteStore, Store};
+use idem_gateway::{GatewayConfig, InFlight, KeyForwarding, Secret, UnknownOutcome};
+use idem_store::{OutcomeChannel, PgStore, RedisStore, SqliteStore, Store};
 use tokio::net::TcpListener;
 
 use crate::runtime::{self, shutdown_signal};
@@ -75,6 +75,12 @@ pub struct ProxyArgs {
     /// or `release`.
     #[arg(long, default_value = "keep", value_parser = parse_outcome)]
     pub on_timeout: UnknownOutcome,
+    /// What a duplicate gets while the first request with its key is at the upstream: `409`
+    /// at once, or `"wait 10s"` (ms, s or m) for the first one's outcome and its replay, then
+    /// 409. Every proxy sharing the store should say the same: one that answers 409 does
+    /// not tell the others when it stores an outcome.
+    #[arg(long, default_value = "409")]
+    pub in_flight: InFlight,
     /// How long the upstream may take, in seconds.
     #[arg(long, default_value_t = 30)]
     pub upstream_timeout_secs: u64,
@@ -134,6 +140,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     config.forwarding = args.forward_key;
     config.on_5xx = args.on_5xx;
     config.on_timeout = args.on_timeout;
+    config.in_flight = args.in_flight;
     config.upstream_timeout = Duration::from_secs(args.upstream_timeout_secs);
     config.clock = Arc::new(idem_core::SystemClock);
     config.upstream_tls = args.upstream_tls.load()?;
@@ -183,12 +190,18 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn run_on<St: Store>(
+async fn run_on<St: OutcomeChannel>(
     listener: TcpListener,
     admin: Option<TcpListener>,
     store: St,
-    config: GatewayConfig,
+    mut config: GatewayConfig,
 ) -> anyhow::Result<ExitCode> {
+    // Only a proxy that waits listens (a connection held for good) and publishes.
+    if let InFlight::Wait(_) = config.in_flight {
+        config.outcome_signal = idem_gateway::outcome_signal(&store)
+            .await
+            .context("cannot listen for outcome wake-ups")?;
+    }
     let admin_routes = admin_router(store.clone());
     let head_timeout = config.head_timeout;
     let tls = config.tls.clone();

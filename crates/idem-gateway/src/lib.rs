@@ -43,10 +43,12 @@ mod secret;
 pub mod server;
 pub mod tls;
 mod upstream;
+mod wake;
 
 pub use secret::{Secret, SecretError};
 pub use tls::{ClientTls, ServerTls, TlsError};
 pub use upstream::KeyForwarding;
+pub use wake::{InFlight, InFlightError, outcome_signal};
 
 use upstream::Upstream;
 
@@ -113,6 +115,12 @@ pub struct GatewayConfig {
     pub tls: Option<ServerTls>,
     /// The clock.
     pub clock: Arc<dyn Clock>,
+    /// What a duplicate gets while the first request with its key is at the upstream
+    /// (default: `409` at once).
+    pub in_flight: InFlight,
+    /// What wakes duplicates that wait ([`InFlight::Wait`]). The default wakes those in this
+    /// process only; gateways sharing a store each need the store's ([`outcome_signal`]).
+    pub outcome_signal: idem_tower::OutcomeSignal,
 }
 
 impl GatewayConfig {
@@ -135,6 +143,8 @@ impl GatewayConfig {
             tls: None,
             errors: ErrorDialect::Problem,
             clock: Arc::new(SystemClock),
+            in_flight: InFlight::Refuse,
+            outcome_signal: Default::default(),
         })
     }
 }
@@ -170,6 +180,10 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
         .with_error_dialect(config.errors)
         .with_clock(config.clock.clone())
         .with_account(move |parts| scope_of(&secret, &credential, &scope_headers, parts));
+    let idempotency = match config.in_flight {
+        InFlight::Wait(max) => idempotency.with_outcome_wait(max, config.outcome_signal.clone()),
+        InFlight::Refuse => idempotency,
+    };
     let auth = Arc::new((config.credential_header.clone(), config.require_auth));
     Router::new()
         .route(
@@ -205,6 +219,9 @@ fn published_policy(policy: &Policy, config: &GatewayConfig) -> serde_json::Valu
         UnknownOutcome::Release => "504; the next retry is sent upstream at once",
     }
     .into();
+    if let Some(in_flight) = config.in_flight.published() {
+        published["in_flight"] = in_flight.into();
+    }
     published
 }
 

@@ -45,6 +45,7 @@ use idem_core::{
 };
 
 mod error;
+mod notify;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -62,6 +63,7 @@ pub mod fault_relay;
 pub mod testing;
 
 pub use error::{Error, Result, is_unavailable};
+pub use notify::OutcomeChannel;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStore, PgTx};
 #[cfg(feature = "redis")]

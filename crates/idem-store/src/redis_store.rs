@@ -220,8 +220,11 @@ return deleted
 /// written as, so every `i64` is exact.
 #[derive(Debug, Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
-    prefix: String,
+    // The client and prefix are the crate's: `notify` subscribes with the one and names its
+    // channel from the other.
+    pub(crate) client: redis::Client,
+    pub(crate) conn: ConnectionManager,
+    pub(crate) prefix: String,
     index: String,
 }
 
@@ -257,11 +260,12 @@ impl RedisStore {
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(RECONNECT_RETRIES);
-        let conn = ConnectionManager::new_with_config(client, config)
+        let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(classify)?;
         let prefix = prefix.into();
         Ok(Self {
+            client,
             conn,
             index: format!("{prefix}:sweep"),
             prefix,
@@ -303,7 +307,7 @@ fn slack_ms() -> i64 {
 }
 
 /// The store's error for a failed command.
-fn classify(e: RedisError) -> Error {
+pub(crate) fn classify(e: RedisError) -> Error {
     if is_connection_failure(&e) {
         Error::Unavailable(Box::new(e))
     } else {

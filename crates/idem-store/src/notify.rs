@@ -1,0 +1,345 @@
+//! [`OutcomeChannel`]: "this key's outcome changed", told between the processes that share a
+//! store.
+//!
+//! A duplicate that waits for the outcome of a request still in flight (idem-tower's
+//! `OutcomeSignal`) is woken directly when its own process stores that outcome. When another
+//! process stores it, the news can only travel through the store: whoever stores an outcome
+//! publishes the key's label, and every process listens and wakes its own waiters.
+//!
+//! A wake-up only prompts a waiter to read the store again. So a lost one (a listener
+//! reconnecting) costs a waiter its full wait and a `409` at its end, and a spurious one (two
+//! keys with one label, a process hearing its own publication) costs a read: never a wrong
+//! answer.
+
+use std::future::Future;
+use std::sync::Arc;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::{Result, Store};
+
+/// A store that tells the processes sharing it when a key's outcome changes.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use idem_store::{OutcomeChannel, PgStore};
+/// # async fn demo() -> idem_store::Result<()> {
+/// let store = PgStore::connect("postgres://postgres@127.0.0.1/idem").await?;
+/// let _listener = store
+///     .listen_outcomes(Arc::new(|label: &str| println!("{label} has an outcome")))
+///     .await?;
+/// // In this process or any other on the same database:
+/// store.publish_outcome("3f2a9c01b7e4").await?;
+/// # Ok(()) }
+/// ```
+pub trait OutcomeChannel: Store {
+    /// Tells every process listening on this store (this one included) that the outcome of
+    /// the key labelled `label` ([`Scope::log_label`](idem_core::Scope::log_label)) changed.
+    fn publish_outcome(&self, label: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Calls `wake` with every label published on this store from the moment this returns,
+    /// until the runtime shuts down or the returned task is aborted. The listener reconnects
+    /// by itself after a lost connection; labels published while it was away are not heard.
+    fn listen_outcomes(
+        &self,
+        wake: Arc<dyn Fn(&str) + Send + Sync>,
+    ) -> impl Future<Output = Result<JoinHandle<()>>> + Send;
+}
+
+/// How long a listener pauses after failing to reconnect, at first; the pause doubles up to
+/// [`MAX_RECONNECT_PAUSE`].
+#[cfg(any(feature = "postgres", feature = "redis"))]
+const MIN_RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+
+/// The longest pause between a listener's attempts to reconnect.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
+
+/// PostgreSQL: `NOTIFY` and `LISTEN` on one channel, `idem_outcome`.
+///
+/// A notification reaches the sessions listening in the same database only, so one channel
+/// name serves every gateway: those on one database share its records, those on others never
+/// hear each other. The listener holds one of the pool's connections for as long as it runs;
+/// sqlx's `PgListener` reconnects by itself (and listens again) after losing it.
+#[cfg(feature = "postgres")]
+mod pg {
+    use super::*;
+    use crate::PgStore;
+    use sqlx::postgres::PgListener;
+
+    /// The channel outcomes are published on; `idem serve` uses the same one.
+    const PG_CHANNEL: &str = "idem_outcome";
+
+    impl OutcomeChannel for PgStore {
+        async fn publish_outcome(&self, label: &str) -> Result<()> {
+            // Outside a transaction the notification is delivered at once.
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(PG_CHANNEL)
+                .bind(label)
+                .execute(self.pool())
+                .await?;
+            Ok(())
+        }
+
+        async fn listen_outcomes(
+            &self,
+            wake: Arc<dyn Fn(&str) + Send + Sync>,
+        ) -> Result<JoinHandle<()>> {
+            let mut listener = PgListener::connect_with(self.pool()).await?;
+            listener.listen(PG_CHANNEL).await?;
+            Ok(tokio::spawn(async move {
+                let mut pause = MIN_RECONNECT_PAUSE;
+                loop {
+                    match listener.recv().await {
+                        Ok(notification) => {
+                            pause = MIN_RECONNECT_PAUSE;
+                            wake(notification.payload());
+                        }
+                        // The store's pool was closed: nothing is left to listen with.
+                        Err(sqlx::Error::PoolClosed) => return,
+                        // A lost connection is re-established by the next `recv`; this error
+                        // means that failed, so pause before the next try.
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot listen for outcome wake-ups; retrying");
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+                        }
+                    }
+                }
+            }))
+        }
+    }
+}
+
+/// Redis: `PUBLISH` and `SUBSCRIBE` on the channel `{prefix}:outcome`.
+///
+/// Named from the store's key prefix, so gateways that share one server under different
+/// prefixes (and so different records) do not wake each other. Subscribing takes a connection
+/// of its own, since a subscribed connection can send nothing else; publishing goes through
+/// the store's shared one. Redis keeps no messages for a subscriber that is away, so the
+/// listener pings its connection to find out that it is lost (a dead peer may send nothing at
+/// all), then reconnects and subscribes again.
+#[cfg(feature = "redis")]
+mod redis_channel {
+    use super::*;
+    use crate::RedisStore;
+    use crate::redis_store::classify;
+    use futures_util::StreamExt;
+    use redis::aio::PubSub;
+    use redis::{RedisError, RedisResult};
+
+    /// How often the listener checks that its connection still answers.
+    const PING_EVERY: Duration = Duration::from_secs(15);
+
+    /// How long a connection attempt or a ping may take before the connection counts as lost.
+    const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+    impl RedisStore {
+        /// The pub/sub channel of this store's outcomes.
+        pub(super) fn outcome_channel(&self) -> String {
+            format!("{}:outcome", self.prefix)
+        }
+    }
+
+    impl OutcomeChannel for RedisStore {
+        async fn publish_outcome(&self, label: &str) -> Result<()> {
+            let _listeners: i64 = redis::cmd("PUBLISH")
+                .arg(self.outcome_channel())
+                .arg(label)
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(classify)?;
+            Ok(())
+        }
+
+        async fn listen_outcomes(
+            &self,
+            wake: Arc<dyn Fn(&str) + Send + Sync>,
+        ) -> Result<JoinHandle<()>> {
+            let channel = self.outcome_channel();
+            // Subscribed before returning, so every label published from then on is heard.
+            let pubsub = subscribe(&self.client, &channel).await.map_err(classify)?;
+            Ok(tokio::spawn(relay(
+                self.client.clone(),
+                channel,
+                pubsub,
+                wake,
+            )))
+        }
+    }
+
+    /// A new connection subscribed to `channel`.
+    pub(super) async fn subscribe(client: &redis::Client, channel: &str) -> RedisResult<PubSub> {
+        let mut pubsub = tokio::time::timeout(ANSWER_WITHIN, client.get_async_pubsub())
+            .await
+            .map_err(timed_out)??;
+        pubsub.subscribe(channel).await?;
+        Ok(pubsub)
+    }
+
+    fn timed_out(_: tokio::time::error::Elapsed) -> RedisError {
+        std::io::Error::from(std::io::ErrorKind::TimedOut).into()
+    }
+
+    /// Hands every message on `pubsub` to `wake`; when its connection is lost, subscribes
+    /// again on a new one.
+    async fn relay(
+        client: redis::Client,
+        channel: String,
+        mut pubsub: PubSub,
+        wake: Arc<dyn Fn(&str) + Send + Sync>,
+    ) {
+        loop {
+            let (mut sink, mut messages) = pubsub.split();
+            let mut pings = tokio::time::interval(PING_EVERY);
+            pings.tick().await;
+            loop {
+                tokio::select! {
+                    message = messages.next() => match message {
+                        Some(message) => {
+                            wake(&String::from_utf8_lossy(message.get_payload_bytes()));
+                        }
+                        // The connection closed.
+                        None => break,
+                    },
+                    _ = pings.tick() => {
+                        let answered = tokio::time::timeout(ANSWER_WITHIN, sink.ping::<redis::Value>()).await;
+                        if !matches!(answered, Ok(Ok(_))) {
+                            break;
+                        }
+                    }
+                }
+            }
+            tracing::warn!("lost the connection that hears outcome wake-ups; reconnecting");
+            let mut pause = MIN_RECONNECT_PAUSE;
+            pubsub = loop {
+                match subscribe(&client, &channel).await {
+                    Ok(pubsub) => break pubsub,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot subscribe to outcome wake-ups; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+                    }
+                }
+            };
+        }
+    }
+}
+
+/// SQLite: nothing to tell, so publishing does nothing and the listener ends at once.
+///
+/// An SQLite file is the store of the one process that serves requests from it (others that
+/// open it, such as `idem keys`, store no outcomes), and that process's own signal already wakes
+/// its waiters. Two gateways serving from one file would not wake each other: a duplicate on
+/// one would wait out its bound for an outcome stored by the other, then answer `409`.
+#[cfg(feature = "sqlite")]
+impl OutcomeChannel for crate::SqliteStore {
+    async fn publish_outcome(&self, _label: &str) -> Result<()> {
+        Ok(())
+    }
+
+    async fn listen_outcomes(
+        &self,
+        _wake: Arc<dyn Fn(&str) + Send + Sync>,
+    ) -> Result<JoinHandle<()>> {
+        Ok(tokio::spawn(async {}))
+    }
+}
+
+#[cfg(all(test, any(feature = "postgres", feature = "redis", feature = "sqlite")))]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc;
+
+    type Wake = Arc<dyn Fn(&str) + Send + Sync>;
+
+    /// A `wake` that sends each label it is given, and the receiving end.
+    fn heard() -> (Wake, mpsc::UnboundedReceiver<String>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let wake = Arc::new(move |label: &str| {
+            let _ = tx.send(label.to_owned());
+        });
+        (wake, rx)
+    }
+
+    /// The next label heard, within a bound far above any delivery time.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    async fn next(rx: &mut mpsc::UnboundedReceiver<String>) -> String {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a label within 10 s")
+            .expect("the listener is alive")
+    }
+
+    #[cfg(all(feature = "postgres", feature = "conformance"))]
+    #[tokio::test]
+    async fn postgres_tells_every_store_on_the_database() {
+        let db = crate::testing::PgTestDatabase::create().await;
+        let (one, two) = (db.store(2).await, db.store(2).await);
+        let (wake, mut rx) = heard();
+        let listener = one.listen_outcomes(wake).await.unwrap();
+        two.publish_outcome("label-from-two").await.unwrap();
+        one.publish_outcome("label-from-one").await.unwrap();
+        assert_eq!(next(&mut rx).await, "label-from-two");
+        assert_eq!(next(&mut rx).await, "label-from-one");
+        listener.abort();
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis_url() -> String {
+        std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    }
+
+    /// A store under a prefix of its own. Publishing and subscribing write no keys, so there
+    /// is nothing to delete afterwards.
+    #[cfg(feature = "redis")]
+    async fn redis_store(prefix: &str) -> crate::RedisStore {
+        crate::RedisStore::connect(&redis_url(), prefix)
+            .await
+            .expect("the test Redis (set IDEM_TEST_REDIS_URL)")
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn redis_tells_the_stores_of_one_prefix_only() {
+        let prefix = format!("idem-test-{}", uuid::Uuid::new_v4().simple());
+        let (one, two) = (redis_store(&prefix).await, redis_store(&prefix).await);
+        let other = redis_store(&format!("{prefix}-other")).await;
+        let (wake, mut rx) = heard();
+        let listener = one.listen_outcomes(wake).await.unwrap();
+        // Published first, so were it heard it would arrive first.
+        other.publish_outcome("another-prefix").await.unwrap();
+        two.publish_outcome("label-from-two").await.unwrap();
+        assert_eq!(next(&mut rx).await, "label-from-two");
+        listener.abort();
+    }
+
+    /// The listener's liveness check: a subscribed connection answers `PING`.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn a_subscribed_redis_connection_answers_a_ping() {
+        let store = redis_store(&format!("idem-test-{}", uuid::Uuid::new_v4().simple())).await;
+        let pubsub = redis_channel::subscribe(&store.client, &store.outcome_channel())
+            .await
+            .unwrap();
+        let (mut sink, _messages) = pubsub.split();
+        let _: redis::Value = sink.ping().await.unwrap();
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn sqlite_publishes_nothing_and_its_listener_ends_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::SqliteStore::open(dir.path().join("notify.db"))
+            .await
+            .unwrap();
+        let (wake, mut rx) = heard();
+        let listener = store.listen_outcomes(wake).await.unwrap();
+        store.publish_outcome("label").await.unwrap();
+        listener.await.unwrap();
+        // The listener, and with it the only sender, is gone without a word.
+        assert_eq!(rx.recv().await, None);
+    }
+}
