@@ -7,31 +7,44 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use http::{HeaderName, Uri};
-use idem_gateway::{GatewayConfig, InFlight, KeyForwarding, Secret, UnknownOutcome};
+use idem_gateway::{
+    ConfigFile, GatewayConfig, InFlight, KeyForwarding, KeyRule, RouteRules, Secret, UnknownOutcome,
+};
 use idem_store::{OutcomeChannel, PgStore, RedisStore, SqliteStore, Store};
 use tokio::net::TcpListener;
 
 use crate::runtime::{self, shutdown_signal};
 use crate::store_url::{StoreUrl, redact};
 
-/// `idem proxy` flags.
+/// `idem proxy` flags. Those that a configuration file also sets override its top-level
+/// values.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ProxyArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    pub listen: std::net::SocketAddr,
+    /// Per-route rules and their defaults from a TOML file (docs/contract.md §10).
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+    /// Validate FILE.toml, print the effective rules (every route, defaults filled in) and
+    /// exit: 0 when valid, 2 with the error's line when not.
+    #[arg(long, value_name = "FILE.toml", conflicts_with = "config")]
+    pub check_config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8081].
+    #[arg(long)]
+    pub listen: Option<std::net::SocketAddr>,
     /// HTTPS for clients instead of HTTP.
     #[command(flatten)]
     pub tls: crate::tls_args::ServerTlsArgs,
-    /// The API to protect, e.g. `http://127.0.0.1:3000` or `https://api.internal:8443`.
-    #[arg(long)]
-    pub upstream: Uri,
+    /// The API to protect, e.g. `http://127.0.0.1:3000` or `https://api.internal:8443`
+    /// (required unless the configuration file names it). Kept as text, checked by clap: a
+    /// `Uri` would make these flags the largest of the commands by far.
+    #[arg(long, value_parser = parse_upstream)]
+    pub upstream: Option<String>,
     /// Private CAs for an https upstream.
     #[command(flatten)]
     pub upstream_tls: crate::tls_args::ClientTlsArgs,
-    /// Where records live: `sqlite://PATH`, `postgres://…` or `redis://HOST:PORT`.
-    #[arg(long, default_value = "sqlite://idem-proxy.db")]
-    pub store: String,
+    /// Where records live: `sqlite://PATH`, `postgres://…` or `redis://HOST:PORT`
+    /// [default: sqlite://idem-proxy.db].
+    #[arg(long)]
+    pub store: Option<String>,
     /// Key prefix in Redis (several gateways may share one Redis with different prefixes).
     #[arg(long, default_value = "idem")]
     pub redis_prefix: String,
@@ -49,9 +62,9 @@ pub struct ProxyArgs {
     #[arg(long = "scope-header", value_name = "NAME")]
     pub scope_headers: Vec<HeaderName>,
     /// How idem's own 4xx bodies are written: `problem` (RFC 9457) or `stripe` (problem details
-    /// plus Stripe's `error` member, so Stripe's SDKs raise on them).
-    #[arg(long, default_value = "problem", value_parser = parse_errors)]
-    pub errors: idem_core::ErrorDialect,
+    /// plus Stripe's `error` member, so Stripe's SDKs raise on them) [default: problem].
+    #[arg(long, value_parser = parse_errors)]
+    pub errors: Option<idem_core::ErrorDialect>,
     /// An upstream response header stored and replayed beside Content-Type and Location, such
     /// as `Request-Id`; repeatable.
     #[arg(long = "store-header", value_name = "NAME")]
@@ -88,9 +101,108 @@ pub struct ProxyArgs {
     /// main listener (where they shadow the upstream's paths of the same names).
     #[arg(long)]
     pub admin_listen: Option<std::net::SocketAddr>,
-    /// How long a key is remembered, in seconds.
-    #[arg(long, default_value_t = 24 * 60 * 60, value_parser = clap::value_parser!(u64).range(1..))]
-    pub retention_secs: u64,
+    /// How long a key is remembered, in seconds [default: 86400].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub retention_secs: Option<u64>,
+}
+
+const DEFAULT_LISTEN: &str = "127.0.0.1:8081";
+const DEFAULT_STORE: &str = "sqlite://idem-proxy.db";
+
+/// What the flags and the configuration file make together.
+struct Settings {
+    listen: std::net::SocketAddr,
+    upstream: Option<Uri>,
+    store: String,
+    defaults: RouteRules,
+    routes: Vec<idem_gateway::Route>,
+}
+
+impl ProxyArgs {
+    /// The settings from `file` (if any) with the flags given on top of its top-level values.
+    fn settings(&self, file: Option<&ConfigFile>) -> Settings {
+        // The file lists the credential header among the scope headers (it is always part of
+        // the scope); the gateway's scope headers are those HMACed besides it.
+        let credential = &self.credential_header;
+        let mut defaults = RouteRules::default();
+        if let Some(file) = file {
+            file.defaults.apply(&mut defaults);
+            defaults.scope_headers.retain(|h| h != credential);
+        }
+        if !self.scope_headers.is_empty() {
+            defaults.scope_headers = self.scope_headers.clone();
+        }
+        if !self.store_headers.is_empty() {
+            defaults.store_headers = self.store_headers.clone();
+        }
+        if let Some(errors) = self.errors {
+            defaults.errors = errors;
+        }
+        if self.key_optional {
+            defaults.key = KeyRule::Optional;
+        }
+        if let Some(secs) = self.retention_secs {
+            defaults.retention = Duration::from_secs(secs);
+        }
+        Settings {
+            listen: self
+                .listen
+                .or(file.and_then(|f| f.listen))
+                .unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("an address")),
+            upstream: self
+                .upstream
+                .as_deref()
+                .map(|s| s.parse().expect("checked by parse_upstream"))
+                .or_else(|| file.and_then(|f| f.upstream.clone())),
+            store: self
+                .store
+                .clone()
+                .or_else(|| file.and_then(|f| f.store.clone()))
+                .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            routes: file
+                .map(|f| f.routes(&defaults))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|mut route| {
+                    route.rules.scope_headers.retain(|h| h != credential);
+                    route
+                })
+                .collect(),
+            defaults,
+        }
+    }
+}
+
+/// Reads the configuration file at `path`, its errors prefixed with the path.
+fn load_config(path: &std::path::Path) -> anyhow::Result<ConfigFile> {
+    ConfigFile::load(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// `--check-config FILE`: prints the effective rules, or fails (exit 2) with the error.
+fn check_config(args: &ProxyArgs, path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let file = load_config(path)?;
+    let settings = args.settings(Some(&file));
+    println!("# {}: valid", path.display());
+    println!("listen = \"{}\"", settings.listen);
+    if let Some(upstream) = &settings.upstream {
+        println!("upstream = \"{upstream}\"");
+    }
+    println!("store = \"{}\"", redact(&settings.store));
+    print!(
+        "\n{}",
+        idem_gateway::describe(
+            &settings.routes,
+            &settings.defaults,
+            &args.credential_header
+        )
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_upstream(s: &str) -> Result<String, String> {
+    s.parse::<Uri>()
+        .map(|_| s.to_owned())
+        .map_err(|e| format!("{s:?}: {e}"))
 }
 
 fn parse_errors(s: &str) -> Result<idem_core::ErrorDialect, String> {
@@ -119,24 +231,26 @@ fn parse_outcome(s: &str) -> Result<UnknownOutcome, String> {
     }
 }
 
-/// Runs the gateway until Ctrl-C or SIGTERM.
+/// Runs the gateway until Ctrl-C or SIGTERM (or checks a configuration file and exits).
 pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &args.check_config {
+        return check_config(&args, path);
+    }
+    let file = args.config.as_deref().map(load_config).transpose()?;
+    let settings = args.settings(file.as_ref());
+    let upstream = settings
+        .upstream
+        .clone()
+        .context("no upstream: give --upstream URL or upstream = \"URL\" in --config")?;
     let secret = match &args.secret {
         Some(secret) => Secret::new(secret.as_bytes().to_vec()).context("--secret")?,
         None => Secret::load_or_create(&args.secret_file)?,
     };
-    let mut config = GatewayConfig::new(args.upstream.clone(), secret)?;
+    let mut config = GatewayConfig::new(upstream.clone(), secret)?;
     config.credential_header = args.credential_header.clone();
-    config.scope_headers = args.scope_headers.clone();
-    config.errors = args.errors;
-    config.policy.stored_headers = args
-        .store_headers
-        .iter()
-        .map(|name| name.as_str().to_owned())
-        .collect();
+    config.set_default_rules(&settings.defaults);
+    config.routes = settings.routes;
     config.require_auth = args.require_auth;
-    config.policy.require_key = !args.key_optional;
-    config.policy.retention = Duration::from_secs(args.retention_secs);
     config.forwarding = args.forward_key;
     config.on_5xx = args.on_5xx;
     config.on_timeout = args.on_timeout;
@@ -146,9 +260,9 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     config.upstream_tls = args.upstream_tls.load()?;
     config.tls = args.tls.load()?;
 
-    let listener = TcpListener::bind(args.listen)
+    let listener = TcpListener::bind(settings.listen)
         .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let admin = match args.admin_listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -165,10 +279,10 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             "http"
         },
         listener.local_addr()?,
-        args.upstream,
-        redact(&args.store)
+        upstream,
+        redact(&settings.store)
     );
-    match StoreUrl::parse(&args.store)? {
+    match StoreUrl::parse(&settings.store)? {
         StoreUrl::Sqlite(url) => {
             let store = SqliteStore::connect(&url)
                 .await
@@ -196,8 +310,10 @@ async fn run_on<St: OutcomeChannel>(
     store: St,
     mut config: GatewayConfig,
 ) -> anyhow::Result<ExitCode> {
-    // Only a proxy that waits listens (a connection held for good) and publishes.
-    if let InFlight::Wait(_) = config.in_flight {
+    // Only a proxy with a route that waits listens (a connection held for good) and
+    // publishes.
+    let waits = |in_flight: InFlight| matches!(in_flight, InFlight::Wait(_));
+    if waits(config.in_flight) || config.routes.iter().any(|r| waits(r.rules.in_flight)) {
         config.outcome_signal = idem_gateway::outcome_signal(&store)
             .await
             .context("cannot listen for outcome wake-ups")?;

@@ -31,6 +31,15 @@ pub enum JsonError {
     /// Nesting deeper than [`MAX_DEPTH`].
     #[error("JSON nested deeper than {MAX_DEPTH} levels")]
     TooDeep,
+    /// A JSON pointer that selects members for a fingerprint is not one (RFC 6901), or names
+    /// the whole document.
+    #[error("{pointer:?} is not a JSON pointer to a member: {reason}")]
+    BadPointer {
+        /// The pointer as written.
+        pointer: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
 }
 
 /// Returns the canonical form of a JSON text.
@@ -42,6 +51,13 @@ pub enum JsonError {
 /// # Ok::<(), idem_core::JsonError>(())
 /// ```
 pub fn canonical_json(input: &[u8]) -> Result<Vec<u8>, JsonError> {
+    let value = parse(input)?;
+    let mut out = Vec::with_capacity(input.len());
+    value.write(&mut out);
+    Ok(out)
+}
+
+fn parse(input: &[u8]) -> Result<Value<'_>, JsonError> {
     let mut parser = Parser { input, pos: 0 };
     parser.skip_ws();
     let value = parser.value(0)?;
@@ -49,9 +65,149 @@ pub fn canonical_json(input: &[u8]) -> Result<Vec<u8>, JsonError> {
     if parser.pos != input.len() {
         return Err(parser.error("trailing characters after the JSON value"));
     }
+    Ok(value)
+}
+
+/// Which members of a body a fingerprint covers, named by JSON pointers (RFC 6901).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Selection<'p, P> {
+    /// Everything but these members.
+    Ignore(&'p [P]),
+    /// Only these members (with the objects and arrays that lead to them).
+    Only(&'p [P]),
+}
+
+/// The canonical form of a JSON text with `selection` applied: the members it leaves out are
+/// gone before the text is written, so a body that differs only in them canonicalises to the
+/// same bytes.
+pub(crate) fn canonical_json_selected<P: AsRef<str>>(
+    input: &[u8],
+    selection: Selection<'_, P>,
+) -> Result<Vec<u8>, JsonError> {
+    let mut value = parse(input)?;
+    match selection {
+        Selection::Ignore(pointers) => PointerTree::of(pointers)?.remove_from(&mut value),
+        Selection::Only(pointers) => PointerTree::of(pointers)?.keep_in(&mut value),
+    }
     let mut out = Vec::with_capacity(input.len());
     value.write(&mut out);
     Ok(out)
+}
+
+/// The unescaped segments of a JSON pointer to a member (RFC 6901: `~1` is `/`, `~0` is `~`).
+/// The empty pointer (the whole document) is refused: no fingerprint leaves out everything.
+pub(crate) fn pointer_segments(pointer: &str) -> Result<Vec<String>, JsonError> {
+    let bad = |reason| JsonError::BadPointer {
+        pointer: pointer.to_owned(),
+        reason,
+    };
+    let Some(rest) = pointer.strip_prefix('/') else {
+        return Err(bad("it must start with '/'"));
+    };
+    rest.split('/')
+        .map(|segment| {
+            let mut out = String::with_capacity(segment.len());
+            let mut chars = segment.chars();
+            while let Some(c) = chars.next() {
+                if c != '~' {
+                    out.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('0') => out.push('~'),
+                    Some('1') => out.push('/'),
+                    _ => return Err(bad("'~' must be followed by 0 or 1")),
+                }
+            }
+            Ok(out)
+        })
+        .collect()
+}
+
+/// Pointers merged into a tree of their segments, so one walk of the document applies them
+/// all, each to the document as it was written (removing one array element does not shift
+/// what another pointer names).
+#[derive(Debug, Default)]
+struct PointerTree {
+    /// A pointer ends here: this member is selected whole.
+    whole: bool,
+    children: Vec<(String, PointerTree)>,
+}
+
+impl PointerTree {
+    fn of<P: AsRef<str>>(pointers: &[P]) -> Result<Self, JsonError> {
+        let mut root = Self::default();
+        for pointer in pointers {
+            let mut node = &mut root;
+            for segment in pointer_segments(pointer.as_ref())? {
+                let at = match node.children.iter().position(|(name, _)| *name == segment) {
+                    Some(at) => at,
+                    None => {
+                        node.children.push((segment, Self::default()));
+                        node.children.len() - 1
+                    }
+                };
+                node = &mut node.children[at].1;
+            }
+            node.whole = true;
+        }
+        Ok(root)
+    }
+
+    fn child(&self, name: &str) -> Option<&PointerTree> {
+        self.children
+            .iter()
+            .find(|(segment, _)| segment == name)
+            .map(|(_, tree)| tree)
+    }
+
+    /// Removes the selected members from `value`.
+    fn remove_from(&self, value: &mut Value<'_>) {
+        self.retain(value, |tree, value| match tree {
+            Some(tree) if tree.whole => false,
+            Some(tree) => {
+                tree.remove_from(value);
+                true
+            }
+            None => true,
+        });
+    }
+
+    /// Removes every member of `value` that no pointer leads to. A scalar where a pointer
+    /// leads deeper stays: a member that changed type is a different request.
+    fn keep_in(&self, value: &mut Value<'_>) {
+        self.retain(value, |tree, value| match tree {
+            Some(tree) if tree.whole => true,
+            Some(tree) => {
+                tree.keep_in(value);
+                true
+            }
+            None => false,
+        });
+    }
+
+    /// Keeps the members (object members by name, array elements by index) of `value` for
+    /// which `keep` says so, given the subtree that names them.
+    fn retain(
+        &self,
+        value: &mut Value<'_>,
+        mut keep: impl FnMut(Option<&PointerTree>, &mut Value<'_>) -> bool,
+    ) {
+        match value {
+            Value::Object(members) => {
+                members.retain_mut(|(name, member)| keep(self.child(name), member));
+            }
+            Value::Array(items) => {
+                let mut index = 0usize;
+                items.retain_mut(|item| {
+                    let tree = self.child(&index.to_string());
+                    index += 1;
+                    keep(tree, item)
+                });
+            }
+            _ => {}
+        }
+    }
 }
 
 enum Value<'a> {
@@ -366,6 +522,67 @@ mod tests {
 
     fn canon(s: &str) -> Result<String, JsonError> {
         canonical_json(s.as_bytes()).map(|v| String::from_utf8(v).unwrap())
+    }
+
+    fn selected(s: &str, selection: Selection<'_, &str>) -> String {
+        String::from_utf8(canonical_json_selected(s.as_bytes(), selection).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn ignore_removes_the_named_members_wherever_they_are() {
+        let body = r#"{"b":{"trace_id":"t1","x":1},"a":[{"n":1},{"n":2,"m":3}],"c":true}"#;
+        assert_eq!(
+            selected(body, Selection::Ignore(&["/b/trace_id", "/a/1/m", "/c"])),
+            r#"{"a":[{"n":1},{"n":2}],"b":{"x":1}}"#
+        );
+        // Each pointer names the document as written: removing element 0 does not make
+        // element 1 the target of "/a/0".
+        assert_eq!(
+            selected(r#"{"a":[1,2,3]}"#, Selection::Ignore(&["/a/0", "/a/1"])),
+            r#"{"a":[3]}"#
+        );
+        // A pointer to nothing changes nothing.
+        assert_eq!(
+            selected(r#"{"a":1}"#, Selection::Ignore(&["/zz/y"])),
+            r#"{"a":1}"#
+        );
+    }
+
+    #[test]
+    fn only_keeps_the_named_members_and_the_way_to_them() {
+        let body = r#"{"amount":5,"customer":{"id":"c1","name":"N"},"meta":{"t":1}}"#;
+        assert_eq!(
+            selected(body, Selection::Only(&["/amount", "/customer/id"])),
+            r#"{"amount":5,"customer":{"id":"c1"}}"#
+        );
+        // A scalar where a pointer leads deeper is kept: its type changed.
+        assert_eq!(
+            selected(
+                r#"{"customer":"c1","x":2}"#,
+                Selection::Only(&["/customer/id"])
+            ),
+            r#"{"customer":"c1"}"#
+        );
+    }
+
+    #[test]
+    fn pointers_are_unescaped_and_checked() {
+        assert_eq!(pointer_segments("/a~1b/c~0d/").unwrap(), ["a/b", "c~d", ""]);
+        assert_eq!(
+            selected(r#"{"a/b":1,"c":2}"#, Selection::Ignore(&["/a~1b"])),
+            r#"{"c":2}"#
+        );
+        for bad in ["", "a", "/a~2", "/a~"] {
+            assert!(
+                matches!(pointer_segments(bad), Err(JsonError::BadPointer { .. })),
+                "{bad:?}"
+            );
+        }
+        // Duplicates are refused with a selection too.
+        assert!(matches!(
+            canonical_json_selected(br#"{"a":1,"a":2}"#, Selection::Ignore(&["/a"])),
+            Err(JsonError::DuplicateMember { .. })
+        ));
     }
 
     #[test]

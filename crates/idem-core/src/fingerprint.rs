@@ -4,7 +4,9 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::canonical_json::{JsonError, canonical_json};
+use crate::canonical_json::{
+    JsonError, Selection, canonical_json, canonical_json_selected, pointer_segments,
+};
 
 /// The parts of a request that a fingerprint covers (docs/contract.md §2).
 #[derive(Debug, Clone, Copy)]
@@ -49,10 +51,66 @@ impl Fingerprint {
     /// # Ok::<(), idem_core::JsonError>(())
     /// ```
     pub fn compute(parts: &RequestParts<'_>) -> Result<Self, JsonError> {
+        Self::compute_with(parts, canonical_json)
+    }
+
+    /// Computes the fingerprint of a JSON body without the members at `pointers` (RFC 6901
+    /// JSON pointers, such as `/metadata/trace_id`): a retry that differs only in them is the
+    /// same request. Each pointer names the body as sent; a pointer to a member the body lacks
+    /// changes nothing. Other bodies count byte for byte, as in [`compute`](Self::compute).
+    ///
+    /// ```
+    /// use idem_core::{Fingerprint, RequestParts};
+    /// let parts = |body: &'static str| RequestParts {
+    ///     account: "acct_1", method: "POST", route: "/payments", query: "",
+    ///     content_type: "application/json", body: body.as_bytes(),
+    /// };
+    /// let ignoring = |body| Fingerprint::compute_ignoring(&parts(body), &["/trace"]);
+    /// assert_eq!(ignoring(r#"{"a":1,"trace":"t1"}"#)?, ignoring(r#"{"a":1,"trace":"t2"}"#)?);
+    /// assert_ne!(ignoring(r#"{"a":1,"trace":"t1"}"#)?, ignoring(r#"{"a":2,"trace":"t1"}"#)?);
+    /// # Ok::<(), idem_core::JsonError>(())
+    /// ```
+    pub fn compute_ignoring<P: AsRef<str>>(
+        parts: &RequestParts<'_>,
+        pointers: &[P],
+    ) -> Result<Self, JsonError> {
+        Self::compute_with(parts, |body| {
+            canonical_json_selected(body, Selection::Ignore(pointers))
+        })
+    }
+
+    /// Computes the fingerprint of a JSON body from only the members at `pointers` (and the
+    /// objects and arrays that lead to them): a retry that differs anywhere else is the same
+    /// request. Other bodies count byte for byte, as in [`compute`](Self::compute).
+    pub fn compute_only<P: AsRef<str>>(
+        parts: &RequestParts<'_>,
+        pointers: &[P],
+    ) -> Result<Self, JsonError> {
+        Self::compute_with(parts, |body| {
+            canonical_json_selected(body, Selection::Only(pointers))
+        })
+    }
+
+    /// Checks that `pointer` can select members for [`compute_ignoring`] and
+    /// [`compute_only`]: an RFC 6901 JSON pointer (`/a/b`, `~1` for `/`, `~0` for `~`) to
+    /// something inside the document, not the empty pointer to all of it.
+    ///
+    /// [`compute_ignoring`]: Self::compute_ignoring
+    /// [`compute_only`]: Self::compute_only
+    pub fn check_pointer(pointer: &str) -> Result<(), JsonError> {
+        pointer_segments(pointer).map(drop)
+    }
+
+    /// The fingerprint with a JSON body canonicalised by `canonicalise` (a generic, so the
+    /// plain [`compute`](Self::compute) is the same code it always was).
+    fn compute_with(
+        parts: &RequestParts<'_>,
+        canonicalise: impl FnOnce(&[u8]) -> Result<Vec<u8>, JsonError>,
+    ) -> Result<Self, JsonError> {
         let content_type = normalize_content_type(parts.content_type);
         let canonical;
         let body = if is_json(&content_type) && !parts.body.is_empty() {
-            canonical = canonical_json(parts.body)?;
+            canonical = canonicalise(parts.body)?;
             &canonical[..]
         } else {
             parts.body
@@ -173,6 +231,47 @@ mod tests {
             })
             .is_ok()
         );
+    }
+
+    /// A fingerprint made before selections existed: the plain path must keep producing it,
+    /// or every stored record would stop matching its retries.
+    #[test]
+    fn the_plain_fingerprint_is_unchanged() {
+        assert_eq!(
+            fp(&parts(br#"{"b":2,"a":1}"#)).to_string(),
+            PLAIN_FINGERPRINT
+        );
+    }
+
+    const PLAIN_FINGERPRINT: &str =
+        "8a07a9753bfeb876f1dc1e478a94450b2184da55023012fb3ffe3f48058e8ff1";
+
+    #[test]
+    fn an_empty_selection_is_the_plain_fingerprint() {
+        let body = br#"{"b":2,"a":[1,{"c":null}]}"#;
+        let none: &[&str] = &[];
+        assert_eq!(
+            Fingerprint::compute_ignoring(&parts(body), none).unwrap(),
+            fp(&parts(body))
+        );
+        assert_eq!(
+            Fingerprint::compute_only(&parts(body), &["/a", "/b"]).unwrap(),
+            fp(&parts(body))
+        );
+    }
+
+    #[test]
+    fn selections_leave_other_bodies_alone() {
+        let text = |body: &'static [u8]| RequestParts {
+            content_type: "text/plain",
+            ..parts(body)
+        };
+        assert_ne!(
+            Fingerprint::compute_ignoring(&text(br#"{"t":1}"#), &["/t"]).unwrap(),
+            Fingerprint::compute_ignoring(&text(br#"{"t":2}"#), &["/t"]).unwrap()
+        );
+        assert!(Fingerprint::check_pointer("/metadata/trace_id").is_ok());
+        assert!(Fingerprint::check_pointer("metadata").is_err());
     }
 
     #[test]
@@ -304,6 +403,45 @@ mod tests {
                 fp(&parts(value.to_string().as_bytes())),
                 fp(&parts(changed.to_string().as_bytes()))
             );
+        }
+
+        #[test]
+        fn an_ignored_member_never_changes_it_and_any_other_always_does(
+            value in json_value(),
+            ignored in (json_value(), json_value()),
+            pick in 0usize..64,
+        ) {
+            // "ig0" cannot be a generated name ([a-z]{1,4}), so it is the only ignored member.
+            let body = |v: &Value, ig: &Value| {
+                serde_json::json!({"kept": v, "ig0": ig, "deep": {"ig0": ig}}).to_string()
+            };
+            let ignoring = |b: &str| {
+                Fingerprint::compute_ignoring(&parts(b.as_bytes()), &["/ig0", "/deep/ig0"]).unwrap()
+            };
+            prop_assert_eq!(ignoring(&body(&value, &ignored.0)), ignoring(&body(&value, &ignored.1)));
+            let leaves = count_leaves(&value);
+            prop_assume!(leaves > 0);
+            let mut changed = value.clone();
+            prop_assert!(mutate(&mut changed, &mut (pick % leaves)));
+            prop_assert_ne!(ignoring(&body(&value, &ignored.0)), ignoring(&body(&changed, &ignored.0)));
+        }
+
+        #[test]
+        fn only_the_selected_members_change_it(
+            value in json_value(),
+            others in (json_value(), json_value()),
+            pick in 0usize..64,
+        ) {
+            let body = |v: &Value, other: &Value| {
+                serde_json::json!({"k0": v, "other": other}).to_string()
+            };
+            let only = |b: &str| Fingerprint::compute_only(&parts(b.as_bytes()), &["/k0"]).unwrap();
+            prop_assert_eq!(only(&body(&value, &others.0)), only(&body(&value, &others.1)));
+            let leaves = count_leaves(&value);
+            prop_assume!(leaves > 0);
+            let mut changed = value.clone();
+            prop_assert!(mutate(&mut changed, &mut (pick % leaves)));
+            prop_assert_ne!(only(&body(&value, &others.0)), only(&body(&changed, &others.0)));
         }
 
         #[test]

@@ -13,6 +13,10 @@
 //! | answered 5xx | the answer | stored and replayed, as Stripe does ([`UnknownOutcome`] to change) |
 //! | timed out after the request was sent | `504` | kept in progress until its lease ends; then the next retry is sent upstream with the same key |
 //!
+//! Paths may have rules of their own ([`GatewayConfig::routes`], read from a configuration
+//! file by [`ConfigFile`]): each route gets its own layer over the one upstream client, and a
+//! request no route matches gets the configuration's top-level rules.
+//!
 //! ```no_run
 //! use idem_gateway::{GatewayConfig, Secret, serve};
 //! use idem_store::SqliteStore;
@@ -33,18 +37,27 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http::{HeaderName, HeaderValue, StatusCode, Uri, header};
+use http::{HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use idem_core::{AccountId, Clock, ErrorDialect, Policy, SystemClock};
 use idem_store::Store;
-use idem_tower::{IdempotencyLayer, Outcome};
+use idem_tower::{IdempotencyLayer, LeaseMode, Outcome, OutcomeSignal};
 use tokio::net::TcpListener;
+use tower::Layer as _;
+use tower::util::BoxCloneSyncService;
 
+mod config;
+mod routes;
 mod secret;
 pub mod server;
 pub mod tls;
 mod upstream;
 mod wake;
 
+pub use config::{
+    ConfigError, ConfigFile, Defaults, FingerprintRule, KeyFrom, KeyRule, Route, RouteRules,
+    describe,
+};
+pub use routes::{RouteError, RoutePattern};
 pub use secret::{Secret, SecretError};
 pub use tls::{ClientTls, ServerTls, TlsError};
 pub use upstream::KeyForwarding;
@@ -115,12 +128,16 @@ pub struct GatewayConfig {
     pub tls: Option<ServerTls>,
     /// The clock.
     pub clock: Arc<dyn Clock>,
-    /// What a duplicate gets while the first request with its key is at the upstream
-    /// (default: `409` at once).
+    /// What a duplicate gets while the first request with its key is at the upstream, on
+    /// paths no route matches (default: `409` at once).
     pub in_flight: InFlight,
-    /// What wakes duplicates that wait ([`InFlight::Wait`]). The default wakes those in this
-    /// process only; gateways sharing a store each need the store's ([`outcome_signal`]).
+    /// What wakes duplicates that wait ([`InFlight::Wait`]), on every route. The default wakes
+    /// those in this process only; gateways sharing a store each need the store's
+    /// ([`outcome_signal`]).
     pub outcome_signal: idem_tower::OutcomeSignal,
+    /// Paths with rules of their own, tried in order; a request that matches none gets the
+    /// rules above (default: none, one set of rules for every path).
+    pub routes: Vec<Route>,
 }
 
 impl GatewayConfig {
@@ -145,7 +162,50 @@ impl GatewayConfig {
             clock: Arc::new(SystemClock),
             in_flight: InFlight::Refuse,
             outcome_signal: Default::default(),
+            routes: Vec::new(),
         })
+    }
+
+    /// The rules a request that matches no route gets, as a route's rules.
+    pub fn default_rules(&self) -> RouteRules {
+        RouteRules {
+            key: if self.policy.covered_methods.is_empty() {
+                KeyRule::Off
+            } else if self.policy.require_key {
+                KeyRule::Required
+            } else {
+                KeyRule::Optional
+            },
+            scope_headers: self.scope_headers.clone(),
+            store_headers: self
+                .policy
+                .stored_headers
+                .iter()
+                .filter_map(|name| HeaderName::try_from(name.as_str()).ok())
+                .collect(),
+            errors: self.errors,
+            retention: self.policy.retention,
+            in_flight: self.in_flight,
+            ..RouteRules::default()
+        }
+    }
+
+    /// Sets the rules a request that matches no route gets (the inverse of
+    /// [`default_rules`](Self::default_rules); `key = "off"` leaves every method uncovered).
+    pub fn set_default_rules(&mut self, rules: &RouteRules) {
+        self.policy.require_key = rules.key == KeyRule::Required;
+        if rules.key == KeyRule::Off {
+            self.policy.covered_methods.clear();
+        }
+        self.scope_headers = rules.scope_headers.clone();
+        self.policy.stored_headers = rules
+            .store_headers
+            .iter()
+            .map(|h| h.as_str().to_owned())
+            .collect();
+        self.errors = rules.errors;
+        self.policy.retention = rules.retention;
+        self.in_flight = rules.in_flight;
     }
 }
 
@@ -161,29 +221,33 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
     upstream.on_5xx = config.on_5xx;
     upstream.on_timeout = config.on_timeout;
 
-    let secret = config.secret.clone();
-    let credential = config.credential_header.clone();
-    let scope_headers = config.scope_headers.clone();
-    // A claim outlasts its longest upstream call, so a crashed gateway's key is not taken over
-    // (and the request forwarded again) while the upstream may still be working on it.
-    let policy = Policy {
-        downstream_timeout: config
-            .policy
-            .downstream_timeout
-            .max(config.upstream_timeout),
-        ..config.policy.clone()
+    // One signal for every route; the store's (`outcome_signal`) also wakes a duplicate
+    // whose original runs in another gateway process.
+    let signal = config.outcome_signal.clone();
+    let defaults = config.default_rules();
+    let fallback = route_service(&store, &config, &defaults, None, &upstream, &signal);
+    let mut published = published_policy(&route_policy(&config, &defaults, None), &config);
+    let services = if config.routes.is_empty() {
+        fallback
+    } else {
+        published["routes"] = config
+            .routes
+            .iter()
+            .map(|route| published_route(route, &config.credential_header))
+            .collect();
+        let routes = config
+            .routes
+            .iter()
+            .map(|route| {
+                let method = Some(route.pattern.method());
+                let service =
+                    route_service(&store, &config, &route.rules, method, &upstream, &signal);
+                (route.pattern.clone(), service)
+            })
+            .collect();
+        BoxCloneSyncService::new(routes::Dispatch { routes, fallback })
     };
-    let published = Arc::new(published_policy(&policy, &config));
-    let idempotency = IdempotencyLayer::leased(store)
-        .with_policy(policy)
-        .with_policy_link(POLICY_PATH)
-        .with_error_dialect(config.errors)
-        .with_clock(config.clock.clone())
-        .with_account(move |parts| scope_of(&secret, &credential, &scope_headers, parts));
-    let idempotency = match config.in_flight {
-        InFlight::Wait(max) => idempotency.with_outcome_wait(max, config.outcome_signal.clone()),
-        InFlight::Refuse => idempotency,
-    };
+    let published = Arc::new(published);
     let auth = Arc::new((config.credential_header.clone(), config.require_auth));
     Router::new()
         .route(
@@ -193,15 +257,103 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
                 async move { axum::Json((*published).clone()) }
             }),
         )
-        .fallback_service(
-            tower::ServiceBuilder::new()
-                .layer(idempotency)
-                .service(upstream),
-        )
+        .fallback_service(services)
         .layer(axum::middleware::from_fn_with_state(
             auth,
             require_credential,
         ))
+}
+
+/// The policy of a route with `rules`: the configuration's, with the route's key rule,
+/// retention and stored headers, covering the route's `method` (`None`: the configuration's
+/// methods, for requests no route matches).
+fn route_policy(config: &GatewayConfig, rules: &RouteRules, method: Option<&Method>) -> Policy {
+    let mut policy = Policy {
+        // A claim outlasts its longest upstream call, so a crashed gateway's key is not taken
+        // over (and the request forwarded again) while the upstream may still be working on it.
+        downstream_timeout: config
+            .policy
+            .downstream_timeout
+            .max(config.upstream_timeout),
+        require_key: rules.key == KeyRule::Required,
+        retention: rules.retention,
+        stored_headers: rules
+            .store_headers
+            .iter()
+            .map(|h| h.as_str().to_owned())
+            .collect(),
+        ..config.policy.clone()
+    };
+    if let Some(method) = method {
+        policy.covered_methods = vec![method.as_str().to_owned()];
+    }
+    policy
+}
+
+/// One route's service over the shared upstream: the upstream alone for `key = "off"` (no
+/// layer, no buffering), else the idempotency layer with the route's rules.
+fn route_service<St: Store>(
+    store: &St,
+    config: &GatewayConfig,
+    rules: &RouteRules,
+    method: Option<&Method>,
+    upstream: &Upstream,
+    signal: &OutcomeSignal,
+) -> routes::RouteService {
+    if rules.key == KeyRule::Off {
+        return BoxCloneSyncService::new(upstream.clone());
+    }
+    let secret = config.secret.clone();
+    let credential = config.credential_header.clone();
+    let scope_headers = rules.scope_headers.clone();
+    let layer = IdempotencyLayer::leased(store.clone())
+        .with_policy(route_policy(config, rules, method))
+        .with_policy_link(POLICY_PATH)
+        .with_error_dialect(rules.errors)
+        .with_clock(config.clock.clone())
+        .with_account(move |parts| scope_of(&secret, &credential, &scope_headers, parts));
+    let layer = match &rules.key_from {
+        // The layer's own default keeps its messages naming `Idempotency-Key` as spelled.
+        key_from if *key_from == KeyFrom::default() => layer,
+        KeyFrom::Headers(names) => layer.with_key_headers(names.iter().map(HeaderName::as_str)),
+        KeyFrom::Body(pointer) => layer.with_key_from_body(pointer),
+    };
+    let layer = match &rules.fingerprint {
+        FingerprintRule::Whole => layer,
+        FingerprintRule::Ignore(pointers) => layer.with_fingerprint_ignoring(pointers),
+        FingerprintRule::Only(pointers) => layer.with_fingerprint_only(pointers),
+    };
+    let layer = with_in_flight(layer, rules.in_flight, signal);
+    BoxCloneSyncService::new(layer.layer(upstream.clone()))
+}
+
+/// Applies a route's `in_flight`: a duplicate waits for the original's outcome, woken by
+/// `signal`, or gets `409` at once.
+fn with_in_flight<St: Store>(
+    layer: IdempotencyLayer<LeaseMode<St>>,
+    rule: InFlight,
+    signal: &OutcomeSignal,
+) -> IdempotencyLayer<LeaseMode<St>> {
+    match rule {
+        InFlight::Refuse => layer,
+        InFlight::Wait(max) => layer.with_outcome_wait(max, signal.clone()),
+    }
+}
+
+/// A route's rules as the published policy lists them.
+fn published_route(route: &Route, credential: &HeaderName) -> serde_json::Value {
+    let mut published = serde_json::Map::new();
+    published.insert("match".into(), route.pattern.to_string().into());
+    for (name, value) in route.rules.described(credential) {
+        published.insert(name.into(), value);
+    }
+    if route.rules.key != KeyRule::Off {
+        published.insert(
+            "retention_seconds".into(),
+            route.rules.retention.as_secs().into(),
+        );
+    }
+    published.into()
 }
 
 /// The rules the gateway publishes: the policy's, and how long a claim is held (the lease plus

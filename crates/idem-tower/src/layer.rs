@@ -45,6 +45,40 @@ pub struct IdempotencyLayer<M> {
     policy_link: Option<http::HeaderValue>,
     /// How the layer's own problem bodies are written.
     errors: ErrorDialect,
+    /// Where the key comes from.
+    key_source: Arc<KeySource>,
+    /// What of a JSON body the fingerprint covers.
+    body_selection: Arc<BodySelection>,
+}
+
+/// Where a request's key is found.
+#[derive(Debug)]
+enum KeySource {
+    /// The first of these headers present (`label` names them for a `400`).
+    Headers {
+        names: Vec<http::HeaderName>,
+        label: String,
+    },
+    /// The string at this JSON pointer in the body.
+    Body(String),
+}
+
+impl Default for KeySource {
+    fn default() -> Self {
+        Self::Headers {
+            names: vec![http::HeaderName::from_static("idempotency-key")],
+            label: "Idempotency-Key".into(),
+        }
+    }
+}
+
+/// What of a JSON body the fingerprint covers.
+#[derive(Debug, Default)]
+enum BodySelection {
+    #[default]
+    Whole,
+    Ignore(Vec<String>),
+    Only(Vec<String>),
 }
 
 impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
@@ -56,6 +90,8 @@ impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
             .field("replay_read", &self.replay_read)
             .field("policy_link", &self.policy_link)
             .field("errors", &self.errors)
+            .field("key_source", &self.key_source)
+            .field("body_selection", &self.body_selection)
             .finish_non_exhaustive()
     }
 }
@@ -70,7 +106,64 @@ impl<M: Mode> IdempotencyLayer<M> {
             replay_read: true,
             policy_link: None,
             errors: ErrorDialect::Problem,
+            key_source: Arc::default(),
+            body_selection: Arc::default(),
         }
+    }
+
+    /// Reads the key from the first of `names` the request carries, instead of from
+    /// `Idempotency-Key` alone: aliases for clients that send `X-Idempotency-Key`, or one
+    /// header a sender fills with its own id, such as `X-GitHub-Delivery` for webhooks (each
+    /// redelivery carries the same id, so it runs once). A request with two of the headers is
+    /// refused with `400 malformed-key`, since they could disagree. Panics if `names` is empty
+    /// or one is not a header name.
+    pub fn with_key_headers<N: AsRef<str>>(mut self, names: impl IntoIterator<Item = N>) -> Self {
+        let spelled: Vec<String> = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        assert!(!spelled.is_empty(), "at least one key header");
+        let names = spelled
+            .iter()
+            .map(|n| http::HeaderName::try_from(n.as_str()).expect("a header name"))
+            .collect();
+        self.key_source = Arc::new(KeySource::Headers {
+            names,
+            label: spelled.join(" or "),
+        });
+        self
+    }
+
+    /// Reads the key from the JSON body: the string at `pointer` (RFC 6901, such as `/id`
+    /// for the event id of a Stripe webhook). A body without a string there is refused with
+    /// `400 missing-key` when keys are required (and passed through when they are not); the
+    /// body is read for the fingerprint anyway, so this costs one more parse of it. Panics if
+    /// `pointer` is not a JSON pointer to a member.
+    pub fn with_key_from_body(mut self, pointer: &str) -> Self {
+        Fingerprint::check_pointer(pointer).expect("a JSON pointer");
+        self.key_source = Arc::new(KeySource::Body(pointer.to_owned()));
+        self
+    }
+
+    /// Leaves the members at `pointers` (RFC 6901 JSON pointers, such as
+    /// `/metadata/trace_id`) out of a JSON body's fingerprint: a retry that differs only in
+    /// them replays instead of getting `422`. Panics if a pointer is not one.
+    pub fn with_fingerprint_ignoring<P: AsRef<str>>(
+        self,
+        pointers: impl IntoIterator<Item = P>,
+    ) -> Self {
+        self.with_body_selection(BodySelection::Ignore(checked_pointers(pointers)))
+    }
+
+    /// Fingerprints only the members at `pointers` of a JSON body: a retry that differs
+    /// anywhere else replays. Panics if a pointer is not one.
+    pub fn with_fingerprint_only<P: AsRef<str>>(
+        self,
+        pointers: impl IntoIterator<Item = P>,
+    ) -> Self {
+        self.with_body_selection(BodySelection::Only(checked_pointers(pointers)))
+    }
+
+    fn with_body_selection(mut self, selection: BodySelection) -> Self {
+        self.body_selection = Arc::new(selection);
+        self
     }
 
     /// Writes the layer's own problem bodies in `dialect`: [`ErrorDialect::Stripe`] adds the
@@ -129,6 +222,16 @@ impl<M: Mode> IdempotencyLayer<M> {
     pub fn policy(&self) -> &Policy {
         &self.policy
     }
+}
+
+fn checked_pointers<P: AsRef<str>>(pointers: impl IntoIterator<Item = P>) -> Vec<String> {
+    pointers
+        .into_iter()
+        .map(|p| {
+            Fingerprint::check_pointer(p.as_ref()).expect("a JSON pointer");
+            p.as_ref().to_owned()
+        })
+        .collect()
 }
 
 fn account_from_extensions(parts: &Parts) -> AccountId {
@@ -277,16 +380,24 @@ where
     ResBody::Error: fmt::Display,
 {
     let (parts, body) = request.into_parts();
-    let key = match key(&layer.policy, &parts) {
-        Ok(Some(key)) => key,
-        Ok(None) => {
-            Served::Passthrough.count();
-            return inner.call(Request::from_parts(parts, body)).await;
-        }
-        Err(refused) => return Ok(refused),
+    // A key in the body is found once the body is read (in `admit`).
+    let key = match &*layer.key_source {
+        KeySource::Body(pointer) => KeyAt::Body(pointer),
+        KeySource::Headers { names, label } => match key(&layer.policy, names, label, &parts) {
+            Ok(Some(key)) => KeyAt::Header(key),
+            Ok(None) => {
+                Served::Passthrough.count();
+                return inner.call(Request::from_parts(parts, body)).await;
+            }
+            Err(refused) => return Ok(refused),
+        },
     };
     let (claim, request) = match admit(&layer, key, parts, body).await {
-        Ok(admitted) => admitted,
+        Ok(Admitted::Claim(claim, request)) => (claim, request),
+        Ok(Admitted::Keyless(request)) => {
+            Served::Passthrough.count();
+            return inner.call(request).await;
+        }
         Err(answered) => return Ok(answered),
     };
     // From the claim to the stored outcome the work runs in its own task: a client that hangs
@@ -302,15 +413,31 @@ where
     }
 }
 
-/// The steps after the key, up to the claim: the body, the fingerprint and the read that
-/// answers replays. `Ok` is the claim to make and the request to run; `Err` the answer that
-/// settles the request first.
+/// A request's key, or where in its body to find it.
+enum KeyAt<'a> {
+    Header(IdempotencyKey),
+    /// A JSON pointer.
+    Body(&'a str),
+}
+
+/// What [`admit`] lets through.
+enum Admitted<ReqBody> {
+    /// The claim to make and the request to run under it.
+    Claim(Claim, Request<ReqBody>),
+    /// A request whose body holds no key, on a route where keys are optional: it runs
+    /// unprotected.
+    Keyless(Request<ReqBody>),
+}
+
+/// The steps after the key, up to the claim: the body, the fingerprint, the key when it is in
+/// the body, and the read that answers replays. `Err` is the answer that settles the request
+/// first.
 async fn admit<M, ReqBody, ResBody>(
     layer: &IdempotencyLayer<M>,
-    key: IdempotencyKey,
+    key: KeyAt<'_>,
     parts: Parts,
     body: ReqBody,
-) -> Result<(Claim, Request<ReqBody>), Response<ResBody>>
+) -> Result<Admitted<ReqBody>, Response<ResBody>>
 where
     M: Mode,
     ReqBody: Body + From<Bytes>,
@@ -319,7 +446,17 @@ where
 {
     let body = read_body(&layer.policy, &parts, body).await?;
     let account = (layer.account)(&parts);
-    let fingerprint = fingerprint(&parts, &account, &body)?;
+    let fingerprint = fingerprint(&parts, &account, &body, &layer.body_selection)?;
+    let key = match key {
+        KeyAt::Header(key) => key,
+        KeyAt::Body(pointer) => match key_in_body(&layer.policy, pointer, &parts, &body)? {
+            Some(key) => key,
+            None => {
+                let request = Request::from_parts(parts, ReqBody::from(body));
+                return Ok(Admitted::Keyless(request));
+            }
+        },
+    };
     let scope = Scope::new(account, key);
     let now = layer.clock.now();
     if layer.replay_read {
@@ -332,28 +469,61 @@ where
         fingerprint,
         now,
     );
-    Ok((claim, Request::from_parts(parts, ReqBody::from(body))))
+    Ok(Admitted::Claim(
+        claim,
+        Request::from_parts(parts, ReqBody::from(body)),
+    ))
 }
 
-/// The request's key. `None`: it has none and the policy lets it through unprotected.
+/// The request's key from the first of `names` it carries (`label` names them all). `None`:
+/// it has none and the policy lets it through unprotected.
 fn key<B: From<Bytes>>(
     policy: &Policy,
+    names: &[http::HeaderName],
+    label: &str,
     parts: &Parts,
 ) -> Result<Option<IdempotencyKey>, Response<B>> {
-    let fields = parts
-        .headers
-        .get_all("idempotency-key")
-        .iter()
-        .map(|v| v.as_bytes());
+    let mut present = names.iter().filter(|n| parts.headers.contains_key(*n));
+    let name = present.next().unwrap_or(&names[0]);
+    if let Some(second) = present.next() {
+        return Err(Refusal::MalformedKey.refuse(format!(
+            "the request carries both {name} and {second}; send the key in one of {label}"
+        )));
+    }
+    let fields = parts.headers.get_all(name).iter().map(|v| v.as_bytes());
     match IdempotencyKey::from_header_values(fields, policy.key_limits) {
         Ok(key) => Ok(Some(key)),
         Err(KeyError::Missing) if !policy.require_key => Ok(None),
         Err(KeyError::Missing) => Err(Refusal::MissingKey.refuse(format!(
-            "{} {} requires an Idempotency-Key header",
+            "{} {} requires an {label} header",
             parts.method,
             parts.uri.path()
         ))),
         Err(e) => Err(Refusal::MalformedKey.refuse(e.to_string())),
+    }
+}
+
+/// The key at `pointer` in a JSON body. `None`: there is none and the policy lets the
+/// request through unprotected.
+fn key_in_body<B: From<Bytes>>(
+    policy: &Policy,
+    pointer: &str,
+    parts: &Parts,
+    body: &[u8],
+) -> Result<Option<IdempotencyKey>, Response<B>> {
+    let value = serde_json::from_slice::<serde_json::Value>(body).ok();
+    match value.as_ref().and_then(|v| v.pointer(pointer)) {
+        Some(serde_json::Value::String(key)) => {
+            IdempotencyKey::new(key.as_str(), policy.key_limits)
+                .map(Some)
+                .map_err(|e| Refusal::MalformedKey.refuse(format!("the key at {pointer}: {e}")))
+        }
+        _ if !policy.require_key => Ok(None),
+        _ => Err(Refusal::MissingKey.refuse(format!(
+            "{} {} requires a JSON body with a string at {pointer}, its idempotency key",
+            parts.method,
+            parts.uri.path()
+        ))),
     }
 }
 
@@ -454,13 +624,15 @@ async fn drain<ReqBody: Body>(body: ReqBody, within: Duration) {
     .await;
 }
 
-/// The request's fingerprint (docs/contract.md §2.4).
+/// The request's fingerprint (docs/contract.md §2.4), of the members of its body that
+/// `selection` names.
 fn fingerprint<B: From<Bytes>>(
     parts: &Parts,
     account: &AccountId,
     body: &[u8],
+    selection: &BodySelection,
 ) -> Result<Fingerprint, Response<B>> {
-    Fingerprint::compute(&RequestParts {
+    let request = RequestParts {
         account: account.as_str(),
         method: parts.method.as_str(),
         route: parts.uri.path(),
@@ -471,7 +643,12 @@ fn fingerprint<B: From<Bytes>>(
             .and_then(|v| v.to_str().ok())
             .unwrap_or(""),
         body,
-    })
+    };
+    match selection {
+        BodySelection::Whole => Fingerprint::compute(&request),
+        BodySelection::Ignore(pointers) => Fingerprint::compute_ignoring(&request, pointers),
+        BodySelection::Only(pointers) => Fingerprint::compute_only(&request, pointers),
+    }
     .map_err(|e| Refusal::MalformedBody.refuse(e.to_string()))
 }
 
@@ -545,5 +722,177 @@ where
             KindProj::Passthrough { future } => future.poll(cx),
             KindProj::Guarded { future } => future.as_mut().poll(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::Full;
+    use idem_store::SqliteStore;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    type Leased = IdempotencyLayer<LeaseMode<SqliteStore>>;
+
+    /// A layer over its own SQLite file and a handler that counts its calls.
+    struct Harness {
+        layer: Leased,
+        calls: Arc<AtomicUsize>,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn harness(adjust: impl FnOnce(Leased) -> Leased) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("layer.db"))
+            .await
+            .unwrap();
+        Harness {
+            layer: adjust(IdempotencyLayer::leased(store)),
+            calls: Arc::default(),
+            _dir: dir,
+        }
+    }
+
+    impl Harness {
+        /// Sends a JSON POST with `headers`; returns the status, whether it was a replay and
+        /// the problem type of a refusal.
+        async fn post(&self, headers: &[(&str, &str)], body: &str) -> (u16, bool, String) {
+            let calls = self.calls.clone();
+            let handler = tower::service_fn(move |_: Request<Full<Bytes>>| {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    Ok::<_, Infallible>(Response::new(Full::from(Bytes::from(format!("call {n}")))))
+                }
+            });
+            let mut request = Request::post("/events").header(CONTENT_TYPE, "application/json");
+            for (name, value) in headers {
+                request = request.header(*name, *value);
+            }
+            let request = request
+                .body(Full::from(Bytes::from(body.to_owned())))
+                .unwrap();
+            let response = self.layer.layer(handler).oneshot(request).await.unwrap();
+            let status = response.status().as_u16();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let kind = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["type"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            (status, replayed, kind)
+        }
+
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    const MISSING: &str = "urn:idem:problem:missing-key";
+    const MALFORMED: &str = "urn:idem:problem:malformed-key";
+
+    #[tokio::test]
+    async fn key_header_aliases_take_the_first_present_and_refuse_two() {
+        let h = harness(|l| l.with_key_headers(["Idempotency-Key", "X-Idempotency-Key"])).await;
+        assert_eq!(
+            h.post(&[("x-idempotency-key", "alias-key-1")], "{}").await,
+            (200, false, String::new())
+        );
+        assert!(
+            h.post(&[("x-idempotency-key", "alias-key-1")], "{}")
+                .await
+                .1
+        );
+        assert!(
+            h.post(&[("idempotency-key", "alias-key-1")], "{}").await.1,
+            "one key, whichever header"
+        );
+        let both = h
+            .post(
+                &[
+                    ("idempotency-key", "alias-key-2"),
+                    ("x-idempotency-key", "alias-key-2"),
+                ],
+                "{}",
+            )
+            .await;
+        assert_eq!((both.0, both.2.as_str()), (400, MALFORMED));
+        assert_eq!(h.post(&[], "{}").await.2, MISSING);
+        assert_eq!(h.calls(), 1);
+    }
+
+    #[tokio::test]
+    async fn one_key_header_is_a_senders_delivery_id() {
+        let h = harness(|l| l.with_key_headers(["X-GitHub-Delivery"])).await;
+        let delivery = [("x-github-delivery", "72d3162e-cc78-11e3-81ab-dcbb1ef32bd5")];
+        assert!(!h.post(&delivery, r#"{"action":"opened"}"#).await.1);
+        assert!(h.post(&delivery, r#"{"action":"opened"}"#).await.1);
+        // Idempotency-Key is not read on such a route.
+        assert_eq!(
+            h.post(&[("idempotency-key", "other-key-1")], "{}").await.2,
+            MISSING
+        );
+        assert_eq!(h.calls(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_key_from_the_body_runs_a_redelivery_once() {
+        let h = harness(|l| l.with_key_from_body("/id")).await;
+        let event = r#"{"id":"evt_0001abcd","type":"charge.succeeded"}"#;
+        assert_eq!(h.post(&[], event).await, (200, false, String::new()));
+        assert!(h.post(&[], event).await.1);
+        for no_key in [r#"{"type":"x"}"#, r#"{"id":42}"#, "[]"] {
+            assert_eq!(h.post(&[], no_key).await.2, MISSING, "{no_key}");
+        }
+        assert_eq!(h.post(&[], r#"{"id":"short"}"#).await.2, MALFORMED);
+        assert_eq!(h.calls(), 1);
+
+        let optional = harness(|l| {
+            l.with_key_from_body("/id").with_policy(Policy {
+                require_key: false,
+                ..Policy::default()
+            })
+        })
+        .await;
+        assert_eq!(optional.post(&[], r#"{"type":"x"}"#).await.0, 200);
+        assert_eq!(optional.post(&[], r#"{"type":"x"}"#).await.0, 200);
+        assert_eq!(optional.calls(), 2, "keyless requests run unprotected");
+    }
+
+    #[tokio::test]
+    async fn an_ignored_member_is_not_part_of_the_request() {
+        let h = harness(|l| l.with_fingerprint_ignoring(["/metadata/trace_id"])).await;
+        let key = [("idempotency-key", "ignore-key-1")];
+        h.post(&key, r#"{"amount":1,"metadata":{"trace_id":"t1"}}"#)
+            .await;
+        assert!(
+            h.post(&key, r#"{"amount":1,"metadata":{"trace_id":"t2"}}"#)
+                .await
+                .1
+        );
+        let changed = h
+            .post(&key, r#"{"amount":2,"metadata":{"trace_id":"t1"}}"#)
+            .await;
+        assert_eq!(changed.0, 422);
+        assert_eq!(h.calls(), 1);
+    }
+
+    #[tokio::test]
+    async fn only_the_selected_members_are_the_request() {
+        let h = harness(|l| l.with_fingerprint_only(["/amount"])).await;
+        let key = [("idempotency-key", "only-key-01")];
+        h.post(&key, r#"{"amount":1,"note":"a"}"#).await;
+        assert!(h.post(&key, r#"{"amount":1,"note":"b"}"#).await.1);
+        assert_eq!(h.post(&key, r#"{"amount":2,"note":"a"}"#).await.0, 422);
+        assert_eq!(h.calls(), 1);
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "a JSON pointer")]
+    async fn a_bad_pointer_is_refused_when_the_layer_is_built() {
+        harness(|l| l.with_fingerprint_ignoring(["trace"])).await;
     }
 }

@@ -1,0 +1,173 @@
+//! `idem proxy --config` and `--check-config`: the binary reads a routes file, checks it, and
+//! serves its rules; flags override the file's top-level values.
+
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[path = "common/processes.rs"]
+mod processes;
+
+use processes::Idem;
+
+/// The example of docs/contract.md §10.1.
+const GOOD: &str = include_str!("../../idem-gateway/tests/gateway.example.toml");
+
+fn idem(dir: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn write(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn check_config_prints_every_route_with_its_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "gateway.toml", GOOD);
+    let out = idem(dir.path(), &["proxy", "--check-config", &path]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for route in [
+        "POST /v1/charges",
+        "POST /webhooks/github",
+        "POST /webhooks/stripe",
+        "POST /search",
+    ] {
+        assert!(
+            stdout.contains(&format!("match = \"{route}\"")),
+            "{route}: {stdout}"
+        );
+    }
+    for line in [
+        "upstream = \"https://api.internal:8443/\"",
+        "key_header = [\"idempotency-key\", \"x-idempotency-key\"]",
+        "scope_headers = [\"authorization\", \"stripe-account\"]",
+        "fingerprint = { ignore = [\"/metadata/trace_id\"] }",
+        "in_flight = \"wait 10s\"",
+        "store_headers = [\"request-id\"]",
+        "errors = \"stripe\"",
+        "key_header = [\"x-github-delivery\"]",
+        "key_from = \"body:/id\"",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    // Every route says every rule, its defaults filled in: the webhook routes inherit.
+    assert_eq!(stdout.matches("retention = \"24h\"").count(), 4, "{stdout}");
+    assert_eq!(stdout.matches("in_flight = \"409\"").count(), 3, "{stdout}");
+    // Nothing was started and no secret was made.
+    assert!(!dir.path().join("idem-proxy.secret").exists());
+}
+
+#[test]
+fn flags_override_the_files_top_level_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "gateway.toml", GOOD);
+    let out = idem(
+        dir.path(),
+        &[
+            "proxy",
+            "--check-config",
+            &path,
+            "--retention-secs",
+            "60",
+            "--errors",
+            "stripe",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    // The defaults and the three routes that do not set their own take the flags.
+    assert_eq!(stdout.matches("retention = \"1m\"").count(), 4, "{stdout}");
+    assert_eq!(stdout.matches("errors = \"stripe\"").count(), 4, "{stdout}");
+}
+
+#[test]
+fn check_config_names_the_line_of_each_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for (n, (text, line, needle)) in [
+        ("upstream = \"http://a:1\"\n\nlisen = \"x\"\n", 3, "unknown field `lisen`"),
+        ("[[route]]\nmatch = \"POST /v1/*\"\n[[route]]\nmatch = \"POST /v1/charges\"\n", 4, "can never match"),
+        ("[[route]]\nmatch = \"FETCH /a\"\n", 2, "method"),
+        ("[[route]]\nmatch = \"POST /a\"\nretention = \"a week\"\n", 3, "not a duration"),
+        ("[[route]]\nmatch = \"POST /a\"\nfingerprint = { ignore = [\"trace_id\"] }\n", 3, "JSON pointer"),
+        ("[[route]]\nmatch = \"POST /a\"\nfingerprint = { ignore = [\"/a\"], only = [\"/b\"] }\n", 3, "not both"),
+        ("[[route]]\nmatch = \"POST /a\"\nkey_header = [\"K-Key\"]\nkey_from = \"body:/id\"\n", 3, "cannot both"),
+        ("[[route]]\nmatch = \"POST /a\"\nin_flight = \"wait forever\"\n", 3, "not a duration"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let path = write(dir.path(), &format!("bad-{n}.toml"), text);
+        let out = idem(dir.path(), &["proxy", "--check-config", &path]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text:?}: {stderr}");
+        assert!(stderr.contains(&format!("{path}: line {line}: ")), "{text:?}: {stderr}");
+        assert!(stderr.contains(needle), "{text:?}: {stderr}");
+    }
+}
+
+/// The gateway started from a file: a webhook delivered twice reaches the upstream once, an
+/// `off` route passes every request, and a path no route names keeps the default rules.
+#[tokio::test]
+async fn the_proxy_serves_the_files_routes() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = axum::Router::new().fallback({
+        let calls = calls.clone();
+        move || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { (axum::http::StatusCode::CREATED, "done") }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    // The file's upstream is wrong on purpose: the flag overrides it.
+    let config = "upstream = \"http://127.0.0.1:1\"\nstore = \"sqlite://gw.db\"\n\n[[route]]\nmatch = \"POST /webhooks/stripe\"\nkey_from = \"body:/id\"\n[[route]]\nmatch = \"POST /search\"\nkey = \"off\"\n";
+    let path = write(dir.path(), "gateway.toml", config);
+    let args = [
+        "--config",
+        &path,
+        "--secret",
+        "a-test-secret-of-enough-bytes",
+    ];
+    let proxy = Idem::start_proxy(dir.path(), &upstream, &args, dir.path().join("proxy.log")).await;
+    let url = proxy.url.clone();
+    let client = reqwest::Client::new();
+    let post = |path: &str, body: &str| {
+        client
+            .post(format!("{url}{path}"))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+    };
+    let event = r#"{"id":"evt_0001abcd","type":"charge.succeeded"}"#;
+    let first = post("/webhooks/stripe", event).await.unwrap();
+    let again = post("/webhooks/stripe", event).await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    for _ in 0..2 {
+        assert_eq!(post("/search", "{}").await.unwrap().status(), 201);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        post("/orders", "{}").await.unwrap().status(),
+        400,
+        "the default: a key is required"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
