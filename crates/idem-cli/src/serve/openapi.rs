@@ -652,8 +652,7 @@ fn header(name: &str) -> Ref {
 /// An RFC 9457 problem-details document whose `type` is `problem.uri` and whose `status` is
 /// one of `problem.statuses`.
 fn problem_schema(problem: &ProblemType) -> ObjectBuilder {
-    let object = ObjectBuilder::new()
-        .schema_type(Type::Object)
+    object(&["type", "title", "status", "detail"])
         .description(Some(problem.description))
         .property(
             "type",
@@ -672,13 +671,11 @@ fn problem_schema(problem: &ProblemType) -> ObjectBuilder {
         .property(
             "detail",
             string().description(Some("What happened this time.")),
-        );
-    required(object, &["type", "title", "status", "detail"])
+        )
 }
 
 fn payment_request() -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(Type::Object)
+    object(&["amount", "currency"])
         .description(Some("What to charge. Other members are ignored, but they are part of the request's fingerprint."))
         .property(
             "amount",
@@ -700,14 +697,11 @@ fn payment_request() -> ObjectBuilder {
                 .pattern(Some("^[^\\u0000]*$"))
                 .description(Some("The caller's own reference, kept with the payment: at most 255 characters, none of them NUL.")),
         )
-        .required("amount")
-        .required("currency")
         .examples([json!({"amount": 49900, "currency": "INR"})])
 }
 
 fn payment() -> ObjectBuilder {
-    let object = ObjectBuilder::new()
-        .schema_type(Type::Object)
+    object(&["id", "amount", "currency", "status", "created_at"])
         .property("id", string().description(Some("`pay_` and a UUIDv7.")))
         .property("amount", integer(1))
         .property("currency", currency())
@@ -718,28 +712,20 @@ fn payment() -> ObjectBuilder {
             ObjectBuilder::new()
                 .schema_type(Type::Integer)
                 .description(Some("Milliseconds since the Unix epoch.")),
-        );
-    required(
-        object,
-        &["id", "amount", "currency", "status", "created_at"],
-    )
+        )
 }
 
 fn payment_list() -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(Type::Object)
-        .property(
-            "data",
-            ArrayBuilder::new()
-                .items(schema_ref("Payment"))
-                .max_items(Some(100)),
-        )
-        .required("data")
+    object(&["data"]).property(
+        "data",
+        ArrayBuilder::new()
+            .items(schema_ref("Payment"))
+            .max_items(Some(100)),
+    )
 }
 
 fn invoice() -> ObjectBuilder {
-    let object = ObjectBuilder::new()
-        .schema_type(Type::Object)
+    object(&["id", "number", "amount", "currency", "created_at"])
         .property("id", string().description(Some("`inv_` and a UUIDv7.")))
         .property(
             "number",
@@ -750,16 +736,11 @@ fn invoice() -> ObjectBuilder {
         .property(
             "created_at",
             ObjectBuilder::new().schema_type(Type::Integer),
-        );
-    required(
-        object,
-        &["id", "number", "amount", "currency", "created_at"],
-    )
+        )
 }
 
 fn payout() -> ObjectBuilder {
-    let object = ObjectBuilder::new()
-        .schema_type(Type::Object)
+    object(&["id", "amount", "currency", "status", "provider_charge"])
         .property(
             "id",
             string().description(Some("`po_` and the provider's charge id.")),
@@ -767,22 +748,16 @@ fn payout() -> ObjectBuilder {
         .property("amount", integer(1))
         .property("currency", currency())
         .property("status", string_enum(&["paid"]))
-        .property("provider_charge", string());
-    required(
-        object,
-        &["id", "amount", "currency", "status", "provider_charge"],
-    )
+        .property("provider_charge", string())
 }
 
 fn health() -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(Type::Object)
+    object(&["status"])
         .property("status", string_enum(&["ok", "unavailable"]))
         .property(
             "error",
             string().description(Some("Why the database does not answer.")),
         )
-        .required("status")
 }
 
 fn published_policy() -> ObjectBuilder {
@@ -838,11 +813,13 @@ fn currency() -> ObjectBuilder {
     string().pattern(Some("^[A-Z]{3}$"))
 }
 
-/// `object` with `names` required, in this order.
-fn required(object: ObjectBuilder, names: &[&str]) -> ObjectBuilder {
-    names
-        .iter()
-        .fold(object, |object, name| object.required(*name))
+/// An object schema whose `required` list is `names`, in this order (the builder keeps it
+/// apart from the properties, so it can be given first, as a summary of the shape).
+fn object(names: &[&str]) -> ObjectBuilder {
+    names.iter().fold(
+        ObjectBuilder::new().schema_type(Type::Object),
+        |object, name| object.required(*name),
+    )
 }
 
 fn integer(minimum: i64) -> ObjectBuilder {
