@@ -1,6 +1,8 @@
 //! `idem proxy` in front of a real upstream with no idempotency of its own (a tiny server that
 //! counts its charges), for each store.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -608,60 +610,10 @@ macro_rules! proxy_tests {
     };
 }
 
-async fn sqlite_store() -> (idem_store::SqliteStore, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = idem_store::SqliteStore::open(dir.path().join("proxy.db"))
-        .await
-        .unwrap();
-    (store, dir)
-}
-
-async fn postgres_store() -> (idem_store::PgStore, idem_store::testing::PgTestDatabase) {
-    let db = idem_store::testing::PgTestDatabase::create().await;
-    let store = idem_store::PgStore::connect(db.url()).await.unwrap();
-    (store, db)
-}
+use common::{postgres_store, redis_store, sqlite_store};
 
 proxy_tests!(sqlite, sqlite_store());
 proxy_tests!(postgres, postgres_store());
-
-/// Deletes a test's Redis keys when dropped.
-struct RedisPrefix {
-    prefix: String,
-}
-
-impl Drop for RedisPrefix {
-    fn drop(&mut self) {
-        let pattern = format!("{}:*", self.prefix);
-        if let Ok(client) = ::redis::Client::open(redis_url())
-            && let Ok(mut conn) = client.get_connection()
-        {
-            let keys: Vec<String> = ::redis::cmd("KEYS")
-                .arg(&pattern)
-                .query(&mut conn)
-                .unwrap_or_default();
-            if !keys.is_empty() {
-                let _: Result<(), _> = ::redis::cmd("DEL").arg(keys).query(&mut conn);
-            }
-        }
-    }
-}
-
-fn redis_url() -> String {
-    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| {
-        idem_testkit::require(idem_testkit::Service::Redis);
-        "redis://127.0.0.1:6379".into()
-    })
-}
-
-async fn redis_store() -> (idem_store::RedisStore, RedisPrefix) {
-    let prefix = format!("idem-test-{}", uuid::Uuid::new_v4().simple());
-    let store = idem_store::RedisStore::connect(&redis_url(), prefix.clone())
-        .await
-        .unwrap();
-    (store, RedisPrefix { prefix })
-}
-
 proxy_tests!(redis, redis_store());
 
 /// A client that sends half a request head, or nothing, loses its connection after

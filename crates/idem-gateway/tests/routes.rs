@@ -1,6 +1,8 @@
 //! Per-route rules from a configuration file (docs/contract.md §10), in front of a real
 //! upstream that counts its calls per path, for each store.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -558,53 +560,7 @@ macro_rules! route_tests {
     };
 }
 
-async fn sqlite_store() -> (idem_store::SqliteStore, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = idem_store::SqliteStore::open(dir.path().join("routes.db"))
-        .await
-        .unwrap();
-    (store, dir)
-}
-
-async fn postgres_store() -> (idem_store::PgStore, idem_store::testing::PgTestDatabase) {
-    let db = idem_store::testing::PgTestDatabase::create().await;
-    let store = idem_store::PgStore::connect(db.url()).await.unwrap();
-    (store, db)
-}
-
-/// Deletes a test's Redis keys when dropped.
-struct RedisPrefix(String);
-
-impl Drop for RedisPrefix {
-    fn drop(&mut self) {
-        if let Ok(client) = ::redis::Client::open(redis_url())
-            && let Ok(mut conn) = client.get_connection()
-        {
-            let keys: Vec<String> = ::redis::cmd("KEYS")
-                .arg(format!("{}:*", self.0))
-                .query(&mut conn)
-                .unwrap_or_default();
-            if !keys.is_empty() {
-                let _: Result<(), _> = ::redis::cmd("DEL").arg(keys).query(&mut conn);
-            }
-        }
-    }
-}
-
-fn redis_url() -> String {
-    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| {
-        idem_testkit::require(idem_testkit::Service::Redis);
-        "redis://127.0.0.1:6379".into()
-    })
-}
-
-async fn redis_store() -> (idem_store::RedisStore, RedisPrefix) {
-    let prefix = format!("idem-routes-{}", uuid::Uuid::new_v4().simple());
-    let store = idem_store::RedisStore::connect(&redis_url(), prefix.clone())
-        .await
-        .unwrap();
-    (store, RedisPrefix(prefix))
-}
+use common::{postgres_store, redis_store, sqlite_store};
 
 route_tests!(sqlite, sqlite_store());
 route_tests!(postgres, postgres_store());
