@@ -7,6 +7,8 @@
 //! Run with `--no-capture` to read the wake-up latencies (the upstream's answer released to
 //! the duplicate's answer received).
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use idem_core::{FencingToken, RecordState, Scope, StoredResponse, Timestamp};
@@ -23,6 +25,8 @@ use idem_store::{ClaimOutcome, NewClaim, OutcomeChannel, Store};
 use idem_tower::OutcomeSignal;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
+
+use common::send;
 
 /// How long the harness waits for an event before the test fails: far above any real delay.
 const EVENT_BOUND: Duration = Duration::from_secs(10);
@@ -118,29 +122,6 @@ struct Harness {
     waiting_tx: mpsc::UnboundedSender<()>,
     waiting: mpsc::UnboundedReceiver<()>,
     client: reqwest::Client,
-}
-
-struct Answer {
-    status: u16,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Answer {
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-}
-
-async fn send(request: reqwest::RequestBuilder) -> Answer {
-    let response = request.send().await.expect("the gateway answers");
-    Answer {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.text().await.unwrap(),
-    }
 }
 
 impl Harness {
@@ -439,43 +420,23 @@ in_flight_tests!(postgres, postgres();
 /// A Redis key prefix of the test's own; dropping it deletes its keys.
 struct Redis {
     url: String,
-    prefix: String,
+    prefix: common::RedisPrefix,
 }
 
 impl Backend for Redis {
     type Store = idem_store::RedisStore;
     const NAME: &'static str = "Redis";
     async fn open(&self) -> Self::Store {
-        idem_store::RedisStore::connect(&self.url, self.prefix.clone())
+        idem_store::RedisStore::connect(&self.url, self.prefix.0.clone())
             .await
             .unwrap()
     }
 }
 
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let Ok(mut conn) =
-            ::redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
-        else {
-            return;
-        };
-        let keys: Vec<String> = ::redis::cmd("KEYS")
-            .arg(format!("{}:*", self.prefix))
-            .query(&mut conn)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: Result<(), _> = ::redis::cmd("DEL").arg(keys).query(&mut conn);
-        }
-    }
-}
-
 async fn redis() -> Redis {
     Redis {
-        url: std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| {
-            idem_testkit::require(idem_testkit::Service::Redis);
-            "redis://127.0.0.1:6379".into()
-        }),
-        prefix: format!("idem-test-{}", uuid::Uuid::new_v4().simple()),
+        url: common::redis_url(),
+        prefix: common::RedisPrefix(format!("idem-test-{}", uuid::Uuid::new_v4().simple())),
     }
 }
 

@@ -124,29 +124,6 @@ impl Proxy {
     }
 }
 
-struct Answer {
-    status: u16,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Answer {
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-}
-
-async fn send(req: reqwest::RequestBuilder) -> Answer {
-    let response = req.send().await.expect("the proxy answers");
-    Answer {
-        status: response.status().as_u16(),
-        headers: response.headers().clone(),
-        body: response.text().await.unwrap(),
-    }
-}
-
 async fn start_proxy<St: Store>(store: St, adjust: impl FnOnce(&mut GatewayConfig)) -> Proxy {
     let upstream_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream_addr = upstream_listener.local_addr().unwrap();
@@ -610,7 +587,7 @@ macro_rules! proxy_tests {
     };
 }
 
-use common::{postgres_store, redis_store, sqlite_store};
+use common::{Answer, postgres_store, redis_store, send, sqlite_store};
 
 proxy_tests!(sqlite, sqlite_store());
 proxy_tests!(postgres, postgres_store());

@@ -114,28 +114,6 @@ async fn start<St: Store>(store: St, toml: &str) -> Gateway {
     }
 }
 
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Answer {
-    fn replayed(&self) -> bool {
-        self.headers.contains_key("idempotent-replayed")
-    }
-
-    fn problem(&self) -> String {
-        let body: serde_json::Value = serde_json::from_str(&self.body).unwrap_or_default();
-        body["type"]
-            .as_str()
-            .unwrap_or("")
-            .trim_start_matches("urn:idem:problem:")
-            .to_owned()
-    }
-}
-
 impl Gateway {
     /// POSTs `body` to `path` as Alice, with `headers`.
     async fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
@@ -148,12 +126,7 @@ impl Gateway {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let response = request.send().await.expect("the gateway answers");
-        Answer {
-            status: response.status().as_u16(),
-            headers: response.headers().clone(),
-            body: response.text().await.unwrap(),
-        }
+        send(request).await
     }
 
     fn calls(&self, path: &str) -> usize {
@@ -560,7 +533,7 @@ macro_rules! route_tests {
     };
 }
 
-use common::{postgres_store, redis_store, sqlite_store};
+use common::{Answer, postgres_store, redis_store, send, sqlite_store};
 
 route_tests!(sqlite, sqlite_store());
 route_tests!(postgres, postgres_store());

@@ -55,3 +55,40 @@ pub async fn redis_store() -> (idem_store::RedisStore, RedisPrefix) {
         .unwrap();
     (store, RedisPrefix(prefix))
 }
+
+/// An answer read whole: its status, headers and body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: String,
+}
+
+impl Answer {
+    /// Whether the gateway answered from the stored response.
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    /// The problem type's last part (`missing-key`), or "" for a body that is not a problem.
+    pub fn problem(&self) -> String {
+        let body: serde_json::Value = serde_json::from_str(&self.body).unwrap_or_default();
+        body["type"]
+            .as_str()
+            .unwrap_or("")
+            .trim_start_matches("urn:idem:problem:")
+            .to_owned()
+    }
+}
+
+/// Sends `request` and reads its answer whole.
+pub async fn send(request: reqwest::RequestBuilder) -> Answer {
+    let response = request.send().await.expect("the gateway answers");
+    Answer {
+        status: response.status().as_u16(),
+        headers: response.headers().clone(),
+        body: response.text().await.unwrap(),
+    }
+}
