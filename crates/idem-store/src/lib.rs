@@ -67,7 +67,7 @@ pub use notify::OutcomeChannel;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStore, PgTx};
 #[cfg(feature = "redis")]
-pub use redis_store::RedisStore;
+pub use redis_store::{RedisStore, ReplicasUnconfirmed};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{GroupCommitFailed, SqliteStore, SqliteTx};
 

@@ -145,12 +145,10 @@ mod redis_channel {
 
     impl OutcomeChannel for RedisStore {
         async fn publish_outcome(&self, label: &str) -> Result<()> {
-            let _listeners: i64 = redis::cmd("PUBLISH")
-                .arg(self.outcome_channel())
-                .arg(label)
-                .query_async(&mut self.conn.clone())
-                .await
-                .map_err(classify)?;
+            let _listeners: i64 = self
+                .conn
+                .query(redis::cmd("PUBLISH").arg(self.outcome_channel()).arg(label))
+                .await?;
             Ok(())
         }
 
@@ -160,9 +158,9 @@ mod redis_channel {
         ) -> Result<JoinHandle<()>> {
             let channel = self.outcome_channel();
             // Subscribed before returning, so every label published from then on is heard.
-            let pubsub = subscribe(&self.client, &channel).await.map_err(classify)?;
+            let pubsub = subscribe(&self.clients, &channel).await.map_err(classify)?;
             Ok(tokio::spawn(relay(
-                self.client.clone(),
+                self.clients.clone(),
                 channel,
                 pubsub,
                 wake,
@@ -170,8 +168,20 @@ mod redis_channel {
         }
     }
 
-    /// A new connection subscribed to `channel`.
-    pub(super) async fn subscribe(client: &redis::Client, channel: &str) -> RedisResult<PubSub> {
+    /// A new connection subscribed to `channel`, to the first of `clients` that answers. A
+    /// cluster passes every `PUBLISH` to all its nodes, so any one of them hears them all.
+    pub(super) async fn subscribe(clients: &[redis::Client], channel: &str) -> RedisResult<PubSub> {
+        let mut failed = None;
+        for client in clients {
+            match subscribe_to(client, channel).await {
+                Ok(pubsub) => return Ok(pubsub),
+                Err(e) => failed = Some(e),
+            }
+        }
+        Err(failed.unwrap_or_else(timed_out_error))
+    }
+
+    async fn subscribe_to(client: &redis::Client, channel: &str) -> RedisResult<PubSub> {
         let mut pubsub = tokio::time::timeout(ANSWER_WITHIN, client.get_async_pubsub())
             .await
             .map_err(timed_out)??;
@@ -180,13 +190,17 @@ mod redis_channel {
     }
 
     fn timed_out(_: tokio::time::error::Elapsed) -> RedisError {
+        timed_out_error()
+    }
+
+    fn timed_out_error() -> RedisError {
         std::io::Error::from(std::io::ErrorKind::TimedOut).into()
     }
 
     /// Hands every message on `pubsub` to `wake`; when its connection is lost, subscribes
     /// again on a new one.
     async fn relay(
-        client: redis::Client,
+        clients: Vec<redis::Client>,
         channel: String,
         mut pubsub: PubSub,
         wake: Arc<dyn Fn(&str) + Send + Sync>,
@@ -215,7 +229,7 @@ mod redis_channel {
             tracing::warn!("lost the connection that hears outcome wake-ups; reconnecting");
             let mut pause = MIN_RECONNECT_PAUSE;
             pubsub = loop {
-                match subscribe(&client, &channel).await {
+                match subscribe(&clients, &channel).await {
                     Ok(pubsub) => break pubsub,
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot subscribe to outcome wake-ups; retrying");
@@ -321,7 +335,7 @@ mod tests {
     #[tokio::test]
     async fn a_subscribed_redis_connection_answers_a_ping() {
         let store = redis_store(&format!("idem-test-{}", uuid::Uuid::new_v4().simple())).await;
-        let pubsub = redis_channel::subscribe(&store.client, &store.outcome_channel())
+        let pubsub = redis_channel::subscribe(&store.clients, &store.outcome_channel())
             .await
             .unwrap();
         let (mut sink, _messages) = pubsub.split();

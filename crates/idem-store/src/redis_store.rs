@@ -9,14 +9,19 @@
 //! and how idem's clock and Redis's expiry meet.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
     AccountId, FencingToken, Fingerprint, Record, RecordState, Scope, StoredResponse, Timestamp,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, Script, ServerErrorKind, Value};
 
 use crate::{ClaimOutcome, Error, NewClaim, Result, Store};
 
@@ -156,10 +161,11 @@ end
 return deleted
 ";
 
-/// Records in Redis, every key under one prefix, for lease mode.
+/// Records in Redis, every key under one prefix, for lease mode: on one server (or a primary
+/// with replicas) or on a Redis Cluster.
 ///
-/// Cloning is cheap: clones share one multiplexed connection, which reconnects by itself
-/// after the server comes back.
+/// Cloning is cheap: clones share one multiplexed connection (on a cluster, one per node),
+/// which reconnects by itself after the server comes back.
 ///
 /// # What Redis does not give
 ///
@@ -171,15 +177,17 @@ return deleted
 ///   too), and a retried request is then run again. `appendonly yes` with `appendfsync
 ///   everysec` loses at most about a second; `always` loses nothing, at a cost per write.
 /// - **Replication is asynchronous.** A failover can promote a replica that has not seen the
-///   latest claims or outcomes, and their keys are then free again. `WAIT` narrows the window
-///   but does not close it.
+///   latest claims or outcomes, and their keys are then free again. [`wait_for_replicas`]
+///   makes every claim, renewal and completion wait until that many replicas have it (`WAIT`)
+///   and fail as unavailable when they do not confirm in time, so a record a client was
+///   answered from survives the loss of its primary. `WAIT` does not make Redis strongly
+///   consistent (a replica that confirmed may still lose the race to be promoted), but on a
+///   failover that promotes a confirming replica nothing acknowledged is lost.
 /// - **Eviction forgets keys.** Every record has a TTL, so under `maxmemory` any `volatile-*`
 ///   or `allkeys-*` policy may evict live records. Run with `maxmemory-policy noeviction`: a
 ///   full server then refuses claims (the layer answers `503`) instead of forgetting them.
-/// - **No Redis Cluster.** Each script touches a record and the prefix's index, which a cluster
-///   would place in different slots, and the sweeper deletes records it finds through the
-///   index, keys it cannot declare in advance. It needs one server (or a primary with
-///   replicas).
+///
+/// [`wait_for_replicas`]: Self::wait_for_replicas
 ///
 /// # Layout
 ///
@@ -194,6 +202,14 @@ return deleted
 ///   becomes sweepable: its `expires_at` once completed, `max(expires_at, lease_until)` while in
 ///   progress. The sweeper takes the lowest scores up to `now`, so records under a long lease
 ///   never stand in front of those it may delete.
+///
+/// On a cluster (`redis+cluster://`) a script may touch keys of one hash slot only, so the
+/// records are spread over [`CLUSTER_BUCKETS`](Self::CLUSTER_BUCKETS) buckets, each with an
+/// index of its own, and a record's two keys carry its bucket as their hash tag:
+/// `{prefix}:{bN}:k:…` and `{prefix}:{bN}:sweep`. A record's bucket is a hash of its scope, so
+/// every instance finds it in the same place; the buckets' slots fall on every primary, and the
+/// sweeper goes through every bucket's index, so it covers every primary. A cluster's prefix
+/// may not contain `{` or `}`, which would move the hash tag.
 ///
 /// # Time
 ///
@@ -220,41 +236,203 @@ return deleted
 /// written as, so every `i64` is exact.
 #[derive(Debug, Clone)]
 pub struct RedisStore {
-    // The client and prefix are the crate's: `notify` subscribes with the one and names its
-    // channel from the other.
-    pub(crate) client: redis::Client,
-    pub(crate) conn: ConnectionManager,
+    // The clients and prefix are the crate's: `notify` subscribes with the clients (one per
+    // node given; a cluster's pub/sub reaches every node) and names its channel from the prefix.
+    pub(crate) clients: Vec<redis::Client>,
+    pub(crate) conn: Connection,
     pub(crate) prefix: String,
-    index: String,
+    layout: Layout,
+    wait: Option<WaitReplicas>,
+    // Where the next sweep starts among a cluster's buckets, so that no bucket waits behind
+    // the others when there is more to delete than one batch.
+    next_bucket: Arc<AtomicUsize>,
 }
 
-/// The scripts, each hashed once: they are sent by their SHA1 (`EVALSHA`), and in full only
-/// when the server does not have them yet.
+/// A connection to one server or to a cluster.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Single(ConnectionManager),
+    Cluster(Arc<Cluster>),
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Single(_) => "Connection::Single",
+            Self::Cluster(_) => "Connection::Cluster",
+        })
+    }
+}
+
+/// A cluster connection that is built anew from the seed nodes when a node stops answering.
+///
+/// Why by hand: redis-rs 1.8's cluster connection reloads its slot map on `MOVED` only, and a
+/// primary killed outright never answers `MOVED`; its slots keep being sent to the dead
+/// address (reconnect, retry) after its replica has taken over. A new connection asks a live
+/// node for the slot map, so the store recovers without a restart.
+pub(crate) struct Cluster {
+    client: redis::cluster::ClusterClient,
+    current: std::sync::RwLock<ClusterConnection>,
+    rebuilding: std::sync::atomic::AtomicBool,
+}
+
+/// How long after one rebuild of the cluster connection the next may start.
+const REBUILD_PAUSE: Duration = Duration::from_millis(500);
+
+impl Cluster {
+    fn connection(&self) -> ClusterConnection {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Starts building a new connection, unless one is being built already.
+    fn rebuild(self: &Arc<Self>) {
+        if self.rebuilding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let cluster = Arc::clone(self);
+        tokio::spawn(async move {
+            match cluster.client.get_async_connection().await {
+                Ok(fresh) => {
+                    *cluster
+                        .current
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot reconnect to the Redis Cluster"),
+            }
+            tokio::time::sleep(REBUILD_PAUSE).await;
+            cluster.rebuilding.store(false, Ordering::Release);
+        });
+    }
+
+    /// `answer`, after starting a rebuild when it says a node did not answer.
+    fn checked<T>(self: &Arc<Self>, answer: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        if let Err(e) = &answer
+            && is_connection_failure(e)
+        {
+            self.rebuild();
+        }
+        answer
+    }
+}
+
+impl Connection {
+    /// Sends one command; on a cluster it goes to the node of its first key.
+    pub(crate) async fn query<T: redis::FromRedisValue>(&self, cmd: &Cmd) -> Result<T> {
+        match self {
+            Self::Single(conn) => cmd.query_async(&mut conn.clone()).await,
+            Self::Cluster(cluster) => {
+                cluster.checked(cmd.query_async(&mut cluster.connection()).await)
+            }
+        }
+        .map_err(classify)
+    }
+
+    /// Sends `pipeline` on one connection, on a cluster to the primary of `key`'s slot.
+    async fn pipeline(&self, pipeline: Pipeline, key: &str) -> Result<Vec<Value>> {
+        match self {
+            Self::Single(conn) => pipeline.query_async(&mut conn.clone()).await,
+            Self::Cluster(cluster) => {
+                let route =
+                    SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+                let count = pipeline.len();
+                let answer = cluster
+                    .connection()
+                    .route_pipeline(pipeline, 0, count, route)
+                    .await;
+                cluster.checked(answer)
+            }
+        }
+        .map_err(classify)
+    }
+}
+
+/// Where a store's keys are.
+#[derive(Debug, Clone)]
+enum Layout {
+    /// One server: one index for every record.
+    Single { index: String },
+    /// A cluster: [`RedisStore::CLUSTER_BUCKETS`] buckets, each hash-tagged.
+    Cluster,
+}
+
+/// How many replicas must confirm a write, and how long they are given.
+#[derive(Debug, Clone, Copy)]
+struct WaitReplicas {
+    replicas: u32,
+    timeout: Duration,
+}
+
+/// Replicas did not confirm a write in time (`WAIT` counted fewer than asked for).
+#[derive(Debug, thiserror::Error)]
+#[error("{confirmed} of {asked} Redis replicas confirmed the write within {timeout:?}")]
+pub struct ReplicasUnconfirmed {
+    /// Replicas that confirmed.
+    pub confirmed: i64,
+    /// Replicas asked for.
+    pub asked: u32,
+    /// How long they were given.
+    pub timeout: Duration,
+}
+
+/// One of the store's scripts: its source (for `SCRIPT LOAD` on a node that lacks it) and its
+/// SHA1, hashed once (for `EVALSHA`).
+struct Lua {
+    source: &'static str,
+    script: Script,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Self {
+        Self {
+            source,
+            script: Script::new(source),
+        }
+    }
+}
+
+/// The store's scripts.
 struct Scripts {
-    claim: Script,
-    complete: Script,
-    renew: Script,
-    release: Script,
-    sweep: Script,
+    claim: Lua,
+    complete: Lua,
+    renew: Lua,
+    release: Lua,
+    sweep: Lua,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    claim: Script::new(CLAIM),
-    complete: Script::new(COMPLETE),
-    renew: Script::new(RENEW),
-    release: Script::new(RELEASE),
-    sweep: Script::new(SWEEP),
+    claim: Lua::new(CLAIM),
+    complete: Lua::new(COMPLETE),
+    renew: Lua::new(RENEW),
+    release: Lua::new(RELEASE),
+    sweep: Lua::new(SWEEP),
 });
+
+/// The scheme of a cluster's URL: `redis+cluster://HOST:PORT,HOST:PORT,…`.
+const CLUSTER_SCHEME: &str = "redis+cluster://";
 
 impl RedisStore {
     /// How much longer than its sweepable time Redis keeps a record: a generous bound on how
     /// far the clocks of the instances sharing the store may disagree.
     pub const TTL_SLACK: Duration = Duration::from_secs(60 * 60);
 
-    /// Connects to the server named by a URL such as `redis://127.0.0.1:6379/0`, keeping every
-    /// key under `prefix` (see [Layout](Self#layout)). Choose prefixes so that none is
+    /// How many buckets a cluster's records are spread over (see [Layout](Self#layout)):
+    /// enough that their slots fall on every primary of a cluster of any usual size.
+    pub const CLUSTER_BUCKETS: usize = 128;
+
+    /// Connects to the server named by a URL such as `redis://127.0.0.1:6379/0`, or to the
+    /// cluster named by `redis+cluster://HOST:PORT,HOST:PORT,…` (any of its nodes; the others
+    /// are found from them; `redis+cluster://USER:PASSWORD@…` applies to every node), keeping
+    /// every key under `prefix` (see [Layout](Self#layout)). Choose prefixes so that none is
     /// another's prefix followed by `:`.
     pub async fn connect(url: &str, prefix: impl Into<String>) -> Result<Self> {
+        let prefix = prefix.into();
+        if let Some(nodes) = url.strip_prefix(CLUSTER_SCHEME) {
+            return Self::connect_cluster(&cluster_nodes(nodes)?, prefix).await;
+        }
         let client = redis::Client::open(url).map_err(classify)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
@@ -263,30 +441,215 @@ impl RedisStore {
         let conn = ConnectionManager::new_with_config(client.clone(), config)
             .await
             .map_err(classify)?;
-        let prefix = prefix.into();
         Ok(Self {
-            client,
-            conn,
-            index: format!("{prefix}:sweep"),
+            clients: vec![client],
+            conn: Connection::Single(conn),
+            layout: Layout::Single {
+                index: format!("{prefix}:sweep"),
+            },
             prefix,
+            wait: None,
+            next_bucket: Arc::default(),
         })
     }
 
-    /// The key of the hash holding `scope`'s record.
-    fn record_key(&self, scope: &Scope) -> String {
-        let account = scope.account.as_str();
-        format!(
-            "{}:k:{}:{account}:{}",
-            self.prefix,
-            account.len(),
-            scope.key.as_str()
-        )
+    /// Connects to a Redis Cluster through `nodes` (`redis://HOST:PORT` each).
+    async fn connect_cluster(nodes: &[String], prefix: String) -> Result<Self> {
+        if prefix.contains(['{', '}']) {
+            return Err(Error::Redis(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "a Redis Cluster store's prefix may not contain { or }",
+                prefix,
+            ))));
+        }
+        let clients = nodes
+            .iter()
+            .map(|node| redis::Client::open(node.as_str()))
+            .collect::<redis::RedisResult<Vec<_>>>()
+            .map_err(classify)?;
+        // Every request, with its redirects and retries, ends within the response timeout, so
+        // a failover mid-request is a prompt `503`, not a hang.
+        let client = ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(CONNECTION_TIMEOUT)
+            .response_timeout(RESPONSE_TIMEOUT)
+            .build()
+            .map_err(classify)?;
+        let conn = client.get_async_connection().await.map_err(classify)?;
+        Ok(Self {
+            clients,
+            conn: Connection::Cluster(Arc::new(Cluster {
+                client,
+                current: std::sync::RwLock::new(conn),
+                rebuilding: std::sync::atomic::AtomicBool::new(false),
+            })),
+            layout: Layout::Cluster,
+            prefix,
+            wait: None,
+            next_bucket: Arc::default(),
+        })
     }
+
+    /// Makes every claim, lease renewal and completion wait until `replicas` replicas of the
+    /// record's primary have it (`WAIT replicas timeout`, on the connection that wrote it), and
+    /// fail with [`Error::Unavailable`] (a [`ReplicasUnconfirmed`] inside) when fewer confirm
+    /// within `timeout`. A claim that is not confirmed is released again, so its retry is not
+    /// kept waiting for a lease. See [What Redis does not give](Self#what-redis-does-not-give).
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = (replicas > 0).then_some(WaitReplicas { replicas, timeout });
+        self
+    }
+
+    /// The hash tag of `scope`'s bucket on a cluster, or nothing on one server.
+    fn tag(&self, scope: &Scope) -> Option<usize> {
+        match self.layout {
+            Layout::Single { .. } => None,
+            Layout::Cluster => Some(bucket_of(scope)),
+        }
+    }
+
+    /// The Redis key of the hash holding `scope`'s record (see [Layout](Self#layout)), for
+    /// looking at it with `redis-cli`, or asking a cluster which node serves it.
+    pub fn record_key(&self, scope: &Scope) -> String {
+        let account = scope.account.as_str();
+        let key = scope.key.as_str();
+        match self.tag(scope) {
+            None => format!("{}:k:{}:{account}:{key}", self.prefix, account.len()),
+            Some(bucket) => format!(
+                "{}:{{b{bucket}}}:k:{}:{account}:{key}",
+                self.prefix,
+                account.len()
+            ),
+        }
+    }
+
+    /// The sweep index that holds `scope`'s record.
+    fn index_key(&self, scope: &Scope) -> String {
+        match &self.layout {
+            Layout::Single { index } => index.clone(),
+            Layout::Cluster => self.bucket_index(bucket_of(scope)),
+        }
+    }
+
+    /// The sweep index of a cluster's bucket.
+    fn bucket_index(&self, bucket: usize) -> String {
+        format!("{}:{{b{bucket}}}:sweep", self.prefix)
+    }
+
+    /// Runs `script` on `keys` with `args` (an `EVALSHA`, sent in full when the server lacks
+    /// it). With [`wait_for_replicas`](Self::wait_for_replicas), `WAIT` follows in the same
+    /// pipeline on the same connection, so it counts the replicas that have this very write;
+    /// its count is returned beside the script's answer.
+    async fn run(
+        &self,
+        lua: &Lua,
+        keys: &[&str],
+        args: impl Fn(&mut Cmd),
+    ) -> Result<(Value, Option<i64>)> {
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(lua.script.get_hash()).arg(keys.len()).arg(keys);
+        args(&mut call);
+        let first = self.send(&call, keys[0]).await;
+        match first {
+            Err(Error::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                // Loaded on every node of a cluster, so it is there after a failover too.
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(lua.source);
+                let _hash: String = self.conn.query(&load).await?;
+                self.send(&call, keys[0]).await
+            }
+            other => other,
+        }
+    }
+
+    /// Sends one script call, with its `WAIT` when replicas must confirm: a pipeline on one
+    /// connection, on a cluster to the primary of `key`'s slot.
+    async fn send(&self, call: &Cmd, key: &str) -> Result<(Value, Option<i64>)> {
+        let mut pipeline = redis::pipe();
+        pipeline.add_command(call.clone());
+        if let Some(wait) = self.wait {
+            pipeline
+                .cmd("WAIT")
+                .arg(wait.replicas)
+                .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
+        }
+        let mut answers = self.conn.pipeline(pipeline, key).await?.into_iter();
+        // A pipeline hands back a command's error as its answer.
+        let answer = answers
+            .next()
+            .unwrap_or(Value::Nil)
+            .extract_error()
+            .map_err(classify)?;
+        let confirmed = match (self.wait, answers.next()) {
+            (None, _) => None,
+            (Some(_), Some(Value::Int(confirmed))) => Some(confirmed),
+            (Some(_), _) => {
+                return Err(Error::Corrupt(
+                    "WAIT answered with something else than a count".into(),
+                ));
+            }
+        };
+        Ok((answer, confirmed))
+    }
+
+    /// The error for a write that `confirmed` replicas had, when not enough.
+    fn unconfirmed(&self, confirmed: Option<i64>) -> Option<Error> {
+        let (wait, confirmed) = (self.wait?, confirmed?);
+        (confirmed < i64::from(wait.replicas)).then(|| {
+            Error::Unavailable(Box::new(ReplicasUnconfirmed {
+                confirmed,
+                asked: wait.replicas,
+                timeout: wait.timeout,
+            }))
+        })
+    }
+}
+
+/// The nodes of `redis+cluster://[USER:PASSWORD@]HOST:PORT,HOST:PORT[/]`, each as a
+/// `redis://` URL carrying the credentials.
+fn cluster_nodes(rest: &str) -> Result<Vec<String>> {
+    let rest = rest.trim_end_matches('/');
+    let (credentials, hosts) = match rest.rsplit_once('@') {
+        Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+        None => (String::new(), rest),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("redis://{credentials}{host}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(Error::Redis(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "a Redis Cluster URL names its nodes: redis+cluster://HOST:PORT,HOST:PORT",
+        ))));
+    }
+    Ok(nodes)
+}
+
+/// The cluster bucket of `scope`: FNV-1a of its account and key. Any stable, well-spread hash
+/// does (it only places records, it guards nothing), and this one is a few lines.
+fn bucket_of(scope: &Scope) -> usize {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let account = scope.account.as_str().as_bytes();
+    // The account's length first, as in the record key, so no two scopes hash the same bytes.
+    for byte in account
+        .len()
+        .to_le_bytes()
+        .iter()
+        .chain(account)
+        .chain(scope.key.as_str().as_bytes())
+    {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    // The remainder is below CLUSTER_BUCKETS, so it fits.
+    (hash % RedisStore::CLUSTER_BUCKETS as u64) as usize
 }
 
 /// Whether Redis could not be reached or cannot serve right now: I/O failures (refused,
 /// dropped, timed out) and the server's own "not now" answers (loading its data set, a
-/// replica during failover, a cluster without a primary).
+/// replica during failover, a cluster without a primary, a slot on its way to another node).
 fn is_connection_failure(e: &RedisError) -> bool {
     e.is_io_error()
         || matches!(
@@ -297,6 +660,8 @@ fn is_connection_failure(e: &RedisError) -> bool {
                     | ServerErrorKind::TryAgain
                     | ServerErrorKind::ClusterDown
                     | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
             ) | ErrorKind::ClusterConnectionNotFound
         )
 }
@@ -381,11 +746,10 @@ fn record_from_fields(scope: &Scope, mut fields: HashMap<String, Vec<u8>>) -> Re
 
 impl Store for RedisStore {
     async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
-        let fields: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
-            .arg(self.record_key(scope))
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(classify)?;
+        let fields: HashMap<String, Vec<u8>> = self
+            .conn
+            .query(redis::cmd("HGETALL").arg(self.record_key(scope)))
+            .await?;
         // A missing hash reads as no fields.
         if fields.is_empty() {
             return Ok(None);
@@ -395,23 +759,27 @@ impl Store for RedisStore {
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
         let sweepable_at = claim.expires_at.max(claim.lease_until);
-        let answer: Value = SCRIPTS
-            .claim
-            .key(self.record_key(&claim.scope))
-            .key(&self.index)
-            .arg(&claim.fingerprint.as_bytes()[..])
-            .arg(claim.now.0)
-            .arg(claim.expires_at.0)
-            .arg(claim.lease_until.0)
-            .arg(claim.token.0)
-            .arg(u8::from(claim.take_over_expired_lease))
-            .arg(ttl_ms(claim))
-            .arg(sweepable_at.0)
-            .arg(claim.now.0.saturating_sub(slack_ms()))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(classify)?;
+        let (record, index) = (self.record_key(&claim.scope), self.index_key(&claim.scope));
+        let (answer, confirmed) = self
+            .run(&SCRIPTS.claim, &[&record, &index], |call| {
+                call.arg(&claim.fingerprint.as_bytes()[..])
+                    .arg(claim.now.0)
+                    .arg(claim.expires_at.0)
+                    .arg(claim.lease_until.0)
+                    .arg(claim.token.0)
+                    .arg(u8::from(claim.take_over_expired_lease))
+                    .arg(ttl_ms(claim))
+                    .arg(sweepable_at.0)
+                    .arg(claim.now.0.saturating_sub(slack_ms()));
+            })
+            .await?;
         if let Value::Int(1) = answer {
+            if let Some(unconfirmed) = self.unconfirmed(confirmed) {
+                // Not on enough replicas: give the key back (best effort; should this fail
+                // too, the lease runs out), so the retry that the `503` invites may claim it.
+                let _released = self.release(&claim.scope, claim.token).await;
+                return Err(unconfirmed);
+            }
             return Ok(ClaimOutcome::Claimed);
         }
         // Anything but `1` is the record that holds the key, as `HGETALL` gives it.
@@ -427,19 +795,17 @@ impl Store for RedisStore {
         response: &StoredResponse,
     ) -> Result<bool> {
         let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-        let done: i64 = SCRIPTS
-            .complete
-            .key(self.record_key(scope))
-            .key(&self.index)
-            .arg(token.0)
-            .arg(response.status)
-            .arg(headers)
-            .arg(&response.body[..])
-            .arg(u8::from(response.body_omitted))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(classify)?;
-        Ok(done == 1)
+        let (record, index) = (self.record_key(scope), self.index_key(scope));
+        let (done, confirmed) = self
+            .run(&SCRIPTS.complete, &[&record, &index], |call| {
+                call.arg(token.0)
+                    .arg(response.status)
+                    .arg(&headers)
+                    .arg(&response.body[..])
+                    .arg(u8::from(response.body_omitted));
+            })
+            .await?;
+        self.written(done, confirmed)
     }
 
     async fn renew(
@@ -448,39 +814,60 @@ impl Store for RedisStore {
         token: FencingToken,
         lease_until: Timestamp,
     ) -> Result<bool> {
-        let done: i64 = SCRIPTS
-            .renew
-            .key(self.record_key(scope))
-            .key(&self.index)
-            .arg(token.0)
-            .arg(lease_until.0)
-            .arg(MAX_TTL_MS)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(classify)?;
-        Ok(done == 1)
+        let (record, index) = (self.record_key(scope), self.index_key(scope));
+        let (done, confirmed) = self
+            .run(&SCRIPTS.renew, &[&record, &index], |call| {
+                call.arg(token.0).arg(lease_until.0).arg(MAX_TTL_MS);
+            })
+            .await?;
+        self.written(done, confirmed)
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
-        let done: i64 = SCRIPTS
-            .release
-            .key(self.record_key(scope))
-            .key(&self.index)
-            .arg(token.0)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(classify)?;
-        Ok(done == 1)
+        let (record, index) = (self.record_key(scope), self.index_key(scope));
+        let (done, _) = self
+            .run(&SCRIPTS.release, &[&record, &index], |call| {
+                call.arg(token.0);
+            })
+            .await?;
+        Ok(done == Value::Int(1))
     }
 
     async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
-        SCRIPTS
-            .sweep
-            .key(&self.index)
-            .arg(now.0)
-            .arg(batch)
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(classify)
+        let indexes = match &self.layout {
+            Layout::Single { index } => vec![index.clone()],
+            Layout::Cluster => {
+                let first = self.next_bucket.fetch_add(1, Ordering::Relaxed);
+                (0..Self::CLUSTER_BUCKETS)
+                    .map(|i| self.bucket_index((first + i) % Self::CLUSTER_BUCKETS))
+                    .collect()
+            }
+        };
+        let mut deleted = 0;
+        for index in &indexes {
+            let left = u64::from(batch).saturating_sub(deleted);
+            if left == 0 {
+                break;
+            }
+            let (count, _) = self
+                .run(&SCRIPTS.sweep, &[index], |call| {
+                    call.arg(now.0).arg(left);
+                })
+                .await?;
+            deleted += redis::from_redis_value::<u64>(count).map_err(|e| Error::Redis(e.into()))?;
+        }
+        Ok(deleted)
+    }
+}
+
+impl RedisStore {
+    /// Whether a fenced write (`1` from its script) was made, and an error when it was made
+    /// but not confirmed by enough replicas.
+    fn written(&self, done: Value, confirmed: Option<i64>) -> Result<bool> {
+        let done = done == Value::Int(1);
+        match self.unconfirmed(confirmed) {
+            Some(unconfirmed) if done => Err(unconfirmed),
+            _ => Ok(done),
+        }
     }
 }

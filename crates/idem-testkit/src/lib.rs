@@ -11,6 +11,8 @@
 //! # }
 //! ```
 
+pub mod redis_cluster;
+
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 

@@ -1,0 +1,261 @@
+//! [`RedisCluster`]: a throwaway Redis Cluster of Debian's `redis-server` processes on
+//! loopback ports picked for one test, stopped by their PIDs when it is dropped, pass or fail.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a cluster may take to form, or to promote a replica after its primary died.
+const SETTLE_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long a node that misses pings counts as alive: short, so that a killed primary's
+/// replica takes over within a few seconds.
+const NODE_TIMEOUT_MS: u32 = 1000;
+
+/// One `redis-server` of the cluster.
+#[derive(Debug)]
+pub struct Node {
+    /// Its client port on 127.0.0.1 (the cluster bus is this plus 10000).
+    pub port: u16,
+    process: Option<Child>,
+}
+
+/// A Redis Cluster of `masters` primaries with `replicas` replicas each, in a temporary folder.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<Node>,
+    dir: PathBuf,
+}
+
+impl RedisCluster {
+    /// Starts the nodes, joins them into a cluster with `redis-cli --cluster create`, and
+    /// returns once every node reports every slot served. Panics, saying what failed, when
+    /// `redis-server` or `redis-cli` is missing or the cluster does not form.
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "idem-redis-cluster-{}-{}",
+            std::process::id(),
+            unique()
+        ));
+        std::fs::create_dir_all(&dir).expect("a folder for the cluster's nodes");
+        let mut cluster = Self {
+            nodes: Vec::new(),
+            dir,
+        };
+        for port in free_ports(masters * (1 + replicas)) {
+            let node_dir = cluster.dir.join(port.to_string());
+            std::fs::create_dir_all(&node_dir).expect("a folder for one node");
+            let process = start_node(port, &node_dir);
+            cluster.nodes.push(Node {
+                port,
+                process: Some(process),
+            });
+        }
+        for node in &cluster.nodes {
+            wait_until(&format!("redis-server :{} answers", node.port), || {
+                cli(node.port, &["PING"]).is_some_and(|out| out.trim() == "PONG")
+            });
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &cluster.nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null());
+        let status = create
+            .status()
+            .expect("redis-cli runs (Debian's redis-tools)");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        for node in &cluster.nodes {
+            wait_until(&format!("node :{} sees the cluster ok", node.port), || {
+                cluster_ok(node.port)
+            });
+        }
+        cluster
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,…` with every node still running.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .running()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// The nodes still running.
+    pub fn running(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|node| node.process.is_some())
+    }
+
+    /// The ports of the running primaries, as the cluster reports them.
+    pub fn masters(&self) -> Vec<u16> {
+        let alive = self.running().next().expect("a running node").port;
+        let nodes = cli(alive, &["CLUSTER", "NODES"]).unwrap_or_default();
+        nodes
+            .lines()
+            .filter(|line| {
+                let flags = line.split(' ').nth(2).unwrap_or("");
+                flags.contains("master") && !flags.contains("fail")
+            })
+            .filter_map(|line| {
+                let addr = line.split(' ').nth(1)?;
+                let port = addr.split('@').next()?.rsplit(':').next()?;
+                port.parse().ok()
+            })
+            .collect()
+    }
+
+    /// The port of the primary that serves `key` (by its hash slot).
+    pub fn master_of(&self, key: &str) -> u16 {
+        let alive = self.running().next().expect("a running node").port;
+        let slot: u16 = cli(alive, &["CLUSTER", "KEYSLOT", key])
+            .and_then(|out| out.trim().parse().ok())
+            .expect("CLUSTER KEYSLOT answers");
+        let shards = cli(alive, &["CLUSTER", "NODES"]).unwrap_or_default();
+        shards
+            .lines()
+            .filter(|line| line.split(' ').nth(2).is_some_and(|f| f.contains("master")))
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split(' ').collect();
+                let serves = fields.iter().skip(8).any(|range| {
+                    let (low, high) = range.split_once('-').unwrap_or((range, range));
+                    matches!((low.parse::<u16>(), high.parse::<u16>()), (Ok(l), Ok(h)) if (l..=h).contains(&slot))
+                });
+                let port = fields.get(1)?.split('@').next()?.rsplit(':').next()?;
+                serves.then(|| port.parse().ok()).flatten()
+            })
+            .expect("a primary serves every slot")
+    }
+
+    /// How many keys the node on `port` holds (`DBSIZE`).
+    pub fn keys_on(&self, port: u16) -> usize {
+        cli(port, &["DBSIZE"])
+            .and_then(|out| out.trim().parse().ok())
+            .expect("DBSIZE answers")
+    }
+
+    /// Kills the node on `port` with SIGKILL, as a crash would, and returns at once.
+    pub fn kill(&mut self, port: u16) {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|node| node.port == port)
+            .expect("a node of this cluster");
+        if let Some(mut process) = node.process.take() {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
+
+    /// Waits until every running node reports every slot served again (after a failover, by
+    /// a promoted replica). Panics after half a minute.
+    pub fn wait_until_healthy(&self) {
+        for node in self.running() {
+            wait_until(&format!("node :{} sees the cluster ok", node.port), || {
+                cluster_ok(node.port)
+            });
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(mut process) = node.process.take() {
+                let _ = process.kill();
+                let _ = process.wait();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A node in cluster mode, keeping nothing on disk but its cluster configuration.
+fn start_node(port: u16, dir: &Path) -> Child {
+    let log = std::fs::File::create(dir.join("redis.log")).expect("a log file");
+    Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        ])
+        .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdout(log)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server runs (Debian's redis-server package)")
+}
+
+/// What `redis-cli -p PORT ARGS…` printed, or `None` when it failed.
+fn cli(port: u16, args: &[&str]) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether the node on `port` reports the cluster ok with all 16384 slots served.
+fn cluster_ok(port: u16) -> bool {
+    cli(port, &["CLUSTER", "INFO"]).is_some_and(|info| {
+        info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+    })
+}
+
+/// Polls `done` every 50 ms (a cluster announces nothing one could await) until it holds;
+/// panics naming `what` after [`SETTLE_WITHIN`].
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < SETTLE_WITHIN,
+            "waited {SETTLE_WITHIN:?} for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `count` ports whose cluster-bus ports (+10000) are free too: bound at once, then released.
+fn free_ports(count: usize) -> Vec<u16> {
+    let mut ports = Vec::new();
+    let mut held = Vec::new();
+    let mut candidate = 20_000 + (unique() % 20_000) as u16;
+    while ports.len() < count {
+        candidate = if candidate >= 40_000 {
+            20_000
+        } else {
+            candidate + 1
+        };
+        if let (Ok(client), Ok(bus)) = (
+            TcpListener::bind(("127.0.0.1", candidate)),
+            TcpListener::bind(("127.0.0.1", candidate + 10_000)),
+        ) {
+            held.push((client, bus));
+            ports.push(candidate);
+        }
+    }
+    ports
+}
+
+/// A number that differs between calls and between test processes.
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    u64::from(nanos) ^ (u64::from(std::process::id()) << 20) ^ CALLS.fetch_add(1, Ordering::Relaxed)
+}
