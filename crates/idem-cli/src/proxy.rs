@@ -41,13 +41,21 @@ pub struct ProxyArgs {
     /// Private CAs for an https upstream.
     #[command(flatten)]
     pub upstream_tls: crate::tls_args::ClientTlsArgs,
-    /// Where records live: `sqlite://PATH`, `postgres://…` or `redis://HOST:PORT`
-    /// [default: sqlite://idem-proxy.db].
+    /// Where records live: `sqlite://PATH`, `postgres://…`, `redis://HOST:PORT` or a Redis
+    /// Cluster, `redis+cluster://HOST:PORT,HOST:PORT,…` [default: sqlite://idem-proxy.db].
     #[arg(long)]
     pub store: Option<String>,
     /// Key prefix in Redis (several gateways may share one Redis with different prefixes).
     #[arg(long, default_value = "idem")]
     pub redis_prefix: String,
+    /// On Redis: make each claim and stored outcome wait until this many replicas have it
+    /// (`WAIT`), and answer 503 when they do not confirm within --redis-wait-timeout-ms, so an
+    /// answered request's record survives a failover [default: 0, asynchronous replication].
+    #[arg(long, default_value_t = 0)]
+    pub redis_wait_replicas: u32,
+    /// How long replicas have to confirm a write under --redis-wait-replicas, in milliseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub redis_wait_timeout_ms: u64,
     /// The server secret that scopes keys (HMAC key); also read from IDEM_PROXY_SECRET.
     #[arg(long, env = "IDEM_PROXY_SECRET", hide_env_values = true)]
     pub secret: Option<String>,
@@ -282,7 +290,14 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         upstream,
         redact(&settings.store)
     );
-    match StoreUrl::parse(&settings.store)? {
+    let store_url = StoreUrl::parse(&settings.store)?;
+    if args.redis_wait_replicas > 0 && !matches!(store_url, StoreUrl::Redis(_)) {
+        anyhow::bail!(
+            "--redis-wait-replicas applies to a Redis store, and the store is {}",
+            redact(&settings.store)
+        );
+    }
+    match store_url {
         StoreUrl::Sqlite(url) => {
             let store = SqliteStore::connect(&url)
                 .await
@@ -298,7 +313,11 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         StoreUrl::Redis(url) => {
             let store = RedisStore::connect(&url, args.redis_prefix.clone())
                 .await
-                .with_context(|| format!("cannot open the store {}", redact(&url)))?;
+                .with_context(|| format!("cannot open the store {}", redact(&url)))?
+                .wait_for_replicas(
+                    args.redis_wait_replicas,
+                    Duration::from_millis(args.redis_wait_timeout_ms),
+                );
             run_on(listener, admin, store, config).await
         }
     }

@@ -9,7 +9,7 @@ pub enum StoreUrl {
     Sqlite(String),
     /// `postgres://…` or `postgresql://…`.
     Postgres(String),
-    /// `redis://…` or `rediss://…` (the gateway only).
+    /// `redis://…`, `rediss://…` or `redis+cluster://…` (the gateway only).
     Redis(String),
 }
 
@@ -41,7 +41,7 @@ impl StoreUrl {
         Some(match scheme.to_ascii_lowercase().as_str() {
             "sqlite" => Self::Sqlite(url.to_owned()),
             "postgres" | "postgresql" => Self::Postgres(url.to_owned()),
-            "redis" | "rediss" => Self::Redis(url.to_owned()),
+            "redis" | "rediss" | "redis+cluster" => Self::Redis(url.to_owned()),
             _ => return None,
         })
     }
