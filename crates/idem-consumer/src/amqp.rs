@@ -40,7 +40,7 @@ use lapin::{
 };
 
 use crate::names::{check_plain_name, check_topic};
-use crate::received::{Received, event_id};
+use crate::received::{Received, Source, event_id, fmt_fields};
 use crate::{BrokerError, Delivery, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "amqp";
@@ -255,9 +255,7 @@ pub struct AmqpPublisher {
 
 impl std::fmt::Debug for AmqpPublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AmqpPublisher")
-            .field("exchange", &self.config.exchange())
-            .finish_non_exhaustive()
+        fmt_fields(f, "AmqpPublisher", &[("exchange", &self.config.exchange())])
     }
 }
 
@@ -339,10 +337,11 @@ pub struct AmqpSubscription {
 
 impl std::fmt::Debug for AmqpSubscription {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AmqpSubscription")
-            .field("queue", &self.queue)
-            .field("topic", &self.topic)
-            .finish_non_exhaustive()
+        fmt_fields(
+            f,
+            "AmqpSubscription",
+            &[("queue", &self.queue), ("topic", &self.topic)],
+        )
     }
 }
 
@@ -353,11 +352,7 @@ impl AmqpSubscription {
         group: &str,
         topic: &str,
     ) -> Result<Self, BrokerError> {
-        let queue = config.queue(group, topic);
-        // A message that fails again on its way out of the main queue goes to the same
-        // dead-letter queue.
-        let dead_route = (config.dead_letter_exchange(), queue.clone());
-        Self::open(config, group, topic, queue, dead_route).await
+        Self::open(config, group, topic, Source::Events).await
     }
 
     /// Consumes the dead letters `group` left on `topic`. The messages carry their original id
@@ -367,18 +362,23 @@ impl AmqpSubscription {
         group: &str,
         topic: &str,
     ) -> Result<Self, BrokerError> {
-        let queue = config.dead_letter_queue(group, topic);
-        let dead_route = (config.dead_letter_exchange(), config.queue(group, topic));
-        Self::open(config, group, topic, queue, dead_route).await
+        Self::open(config, group, topic, Source::DeadLetters).await
     }
 
-    async fn open(
+    /// Declares (if missing) `group`'s queues for `topic` and consumes the one `source` names.
+    pub(crate) async fn open(
         config: AmqpConfig,
         group: &str,
         topic: &str,
-        queue: String,
-        dead_route: (String, String),
+        source: Source,
     ) -> Result<Self, BrokerError> {
+        let queue = match source {
+            Source::Events => config.queue(group, topic),
+            Source::DeadLetters => config.dead_letter_queue(group, topic),
+        };
+        // Dead letters are routed by the main queue's name, whichever queue they leave: a
+        // dead letter dead-lettered again lands at the end of the same dead-letter queue.
+        let dead_route = (config.dead_letter_exchange(), config.queue(group, topic));
         let (connection, channel) = connect(&config).await?;
         declare_on(&channel, &config, group, topic).await?;
         channel
@@ -498,28 +498,14 @@ pub struct AmqpDelivery {
     group: String,
 }
 
-impl std::fmt::Debug for AmqpDelivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.received.fmt_debug(f, "AmqpDelivery", &[])
-    }
-}
-
-impl AmqpDelivery {
+crate::received::delivery_debug_and_dead_reason! {
     /// Why the message was dead-lettered, when it was read from a dead-letter queue: ours,
     /// or `delivery_limit` when RabbitMQ itself moved it there.
-    pub fn dead_reason(&self) -> Option<&str> {
-        self.received.dead_reason.as_deref()
-    }
+    AmqpDelivery
 }
 
 impl Delivery for AmqpDelivery {
-    fn message(&self) -> &Message {
-        &self.received.message
-    }
-
-    fn attempt(&self) -> u32 {
-        self.received.attempt
-    }
+    crate::received::delivery_message_and_attempt!();
 
     async fn ack(self) -> Result<(), BrokerError> {
         self.inner

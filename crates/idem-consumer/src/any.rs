@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use crate::received::Source;
 use crate::{BrokerError, Delivery, Message, Published, Publisher, Subscription};
 
 /// Re-exported from where the adapters' name checks live, so `any::InvalidName` still names it.
@@ -170,6 +171,22 @@ impl BrokerSettings {
     }
 }
 
+/// Runs `$call` on the adapter's value that `$any` (an `AnyPublisher` or `AnyDelivery`) wraps,
+/// bound to `$inner`, whichever broker it is: the one list of the compiled-in variants that
+/// every forwarding method uses.
+macro_rules! forward {
+    ($any:expr, |$inner:ident| $call:expr) => {
+        match $any {
+            #[cfg(feature = "nats")]
+            Self::Nats($inner) => $call,
+            #[cfg(feature = "amqp")]
+            Self::Amqp($inner) => $call,
+            #[cfg(feature = "kafka")]
+            Self::Kafka($inner) => $call,
+        }
+    };
+}
+
 /// A publisher for whichever broker the settings name.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -209,14 +226,7 @@ impl AnyPublisher {
 
 impl Publisher for AnyPublisher {
     async fn publish(&self, message: &Message) -> Result<Published, BrokerError> {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(p) => p.publish(message).await,
-            #[cfg(feature = "amqp")]
-            Self::Amqp(p) => p.publish(message).await,
-            #[cfg(feature = "kafka")]
-            Self::Kafka(p) => p.publish(message).await,
-        }
+        forward!(self, |p| p.publish(message).await)
     }
 }
 
@@ -238,41 +248,29 @@ pub enum AnySubscription {
 impl AnySubscription {
     /// Joins the settings' consumer group on their topic, declaring what is missing.
     pub async fn connect(settings: &BrokerSettings) -> Result<Self, BrokerError> {
-        let (group, topic) = (&settings.consumer_group, &settings.topic);
-        Ok(match settings.checked_kind()? {
-            #[cfg(feature = "nats")]
-            BrokerKind::Nats => {
-                Self::Nats(NatsSubscription::connect(settings.nats(), group, topic).await?)
-            }
-            #[cfg(feature = "amqp")]
-            BrokerKind::Amqp => {
-                Self::Amqp(AmqpSubscription::connect(settings.amqp(), group, topic).await?)
-            }
-            #[cfg(feature = "kafka")]
-            BrokerKind::Kafka => {
-                Self::Kafka(KafkaSubscription::connect(settings.kafka(), group, topic).await?)
-            }
-            #[allow(unreachable_patterns)]
-            kind => return Err(not_compiled(kind)),
-        })
+        Self::open(settings, Source::Events).await
     }
 
     /// Reads the messages the settings' consumer group dead-lettered on their topic. Each
     /// delivery's `dead_reason()` says why; acknowledging one removes it for good.
     pub async fn dead_letters(settings: &BrokerSettings) -> Result<Self, BrokerError> {
+        Self::open(settings, Source::DeadLetters).await
+    }
+
+    async fn open(settings: &BrokerSettings, source: Source) -> Result<Self, BrokerError> {
         let (group, topic) = (&settings.consumer_group, &settings.topic);
         Ok(match settings.checked_kind()? {
             #[cfg(feature = "nats")]
             BrokerKind::Nats => {
-                Self::Nats(NatsSubscription::dead_letters(settings.nats(), group, topic).await?)
+                Self::Nats(NatsSubscription::open(settings.nats(), group, topic, source).await?)
             }
             #[cfg(feature = "amqp")]
             BrokerKind::Amqp => {
-                Self::Amqp(AmqpSubscription::dead_letters(settings.amqp(), group, topic).await?)
+                Self::Amqp(AmqpSubscription::open(settings.amqp(), group, topic, source).await?)
             }
             #[cfg(feature = "kafka")]
             BrokerKind::Kafka => {
-                Self::Kafka(KafkaSubscription::dead_letters(settings.kafka(), group, topic).await?)
+                Self::Kafka(KafkaSubscription::open(&settings.kafka(), group, topic, source).await?)
             }
             #[allow(unreachable_patterns)]
             kind => return Err(not_compiled(kind)),
@@ -313,71 +311,29 @@ pub enum AnyDelivery {
 impl AnyDelivery {
     /// Why the message was dead-lettered, on deliveries read from a dead-letter destination.
     pub fn dead_reason(&self) -> Option<&str> {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(d) => d.dead_reason(),
-            #[cfg(feature = "amqp")]
-            Self::Amqp(d) => d.dead_reason(),
-            #[cfg(feature = "kafka")]
-            Self::Kafka(d) => d.dead_reason(),
-        }
+        forward!(self, |d| d.dead_reason())
     }
 }
 
 impl Delivery for AnyDelivery {
     fn message(&self) -> &Message {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(d) => d.message(),
-            #[cfg(feature = "amqp")]
-            Self::Amqp(d) => d.message(),
-            #[cfg(feature = "kafka")]
-            Self::Kafka(d) => d.message(),
-        }
+        forward!(self, |d| d.message())
     }
 
     fn attempt(&self) -> u32 {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(d) => d.attempt(),
-            #[cfg(feature = "amqp")]
-            Self::Amqp(d) => d.attempt(),
-            #[cfg(feature = "kafka")]
-            Self::Kafka(d) => d.attempt(),
-        }
+        forward!(self, |d| d.attempt())
     }
 
     async fn ack(self) -> Result<(), BrokerError> {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(d) => d.ack().await,
-            #[cfg(feature = "amqp")]
-            Self::Amqp(d) => d.ack().await,
-            #[cfg(feature = "kafka")]
-            Self::Kafka(d) => d.ack().await,
-        }
+        forward!(self, |d| d.ack().await)
     }
 
     async fn retry(self) -> Result<(), BrokerError> {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(d) => d.retry().await,
-            #[cfg(feature = "amqp")]
-            Self::Amqp(d) => d.retry().await,
-            #[cfg(feature = "kafka")]
-            Self::Kafka(d) => d.retry().await,
-        }
+        forward!(self, |d| d.retry().await)
     }
 
     async fn dead_letter(self, reason: &str) -> Result<(), BrokerError> {
-        match self {
-            #[cfg(feature = "nats")]
-            Self::Nats(d) => d.dead_letter(reason).await,
-            #[cfg(feature = "amqp")]
-            Self::Amqp(d) => d.dead_letter(reason).await,
-            #[cfg(feature = "kafka")]
-            Self::Kafka(d) => d.dead_letter(reason).await,
-        }
+        forward!(self, |d| d.dead_letter(reason).await)
     }
 }
 

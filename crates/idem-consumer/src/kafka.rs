@@ -34,13 +34,16 @@ use rdkafka::{
     admin::{AdminClient, AdminOptions, NewTopic, TopicReplication},
     client::DefaultClientContext,
     consumer::{CommitMode, Consumer as _, StreamConsumer},
-    error::{KafkaError, RDKafkaErrorCode},
+    error::{
+        KafkaError, KafkaResult, RDKafkaErrorCode,
+        RDKafkaErrorCode::{GroupIdNotFound, TopicAlreadyExists, UnknownTopicOrPartition},
+    },
     message::{Header, Headers as _, OwnedHeaders, OwnedMessage},
     producer::{FutureProducer, FutureRecord},
 };
 
 use crate::names::{check_plain_name, check_topic};
-use crate::received::{Received, event_id};
+use crate::received::{Received, Source, event_id, fmt_fields};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "kafka";
@@ -133,15 +136,20 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Checks the broker's answer for each object (`what`: "topic", "group") of an admin request
-/// (`doing`: "creating", "deleting"): the code `fine` (the object was already there, or
-/// already gone) is not an error.
-fn check_admin_results(
-    results: Vec<Result<String, (String, RDKafkaErrorCode)>>,
-    fine: RDKafkaErrorCode,
+/// The broker's answer to an admin request: one result per object named.
+type AdminAnswer = KafkaResult<Vec<Result<String, (String, RDKafkaErrorCode)>>>;
+
+/// Checks the broker's answer to an admin request (`doing`: "creating", "deleting") on the
+/// objects `names` (`what`: "topic", "group"): a failed request is an error, and so is any
+/// object's code but `fine` (the object was already there, or already gone).
+fn check_admin_answer(
+    answer: AdminAnswer,
     doing: &str,
     what: &str,
+    names: &dyn std::fmt::Debug,
+    fine: RDKafkaErrorCode,
 ) -> Result<(), BrokerError> {
+    let results = answer.map_err(|e| err(format!("{doing} the {what}s {names:?}"), e))?;
     for result in results {
         match result {
             Ok(_) => {}
@@ -174,16 +182,8 @@ async fn create_topics(config: &KafkaConfig, topics: &[String]) -> Result<(), Br
         })
         .collect();
     let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));
-    let results = admin
-        .create_topics(&new, &options)
-        .await
-        .map_err(|e| err(format!("creating the topics {topics:?}"), e))?;
-    check_admin_results(
-        results,
-        RDKafkaErrorCode::TopicAlreadyExists,
-        "creating",
-        "topic",
-    )
+    let answer = admin.create_topics(&new, &options).await;
+    check_admin_answer(answer, "creating", "topic", &topics, TopicAlreadyExists)
 }
 
 /// Sends a record and waits for its delivery report.
@@ -219,10 +219,11 @@ pub struct KafkaPublisher {
 
 impl std::fmt::Debug for KafkaPublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaPublisher")
-            .field("bootstrap_servers", &self.config.bootstrap_servers)
-            .field("namespace", &self.config.namespace)
-            .finish_non_exhaustive()
+        let fields: [(&str, &dyn std::fmt::Debug); 2] = [
+            ("bootstrap_servers", &self.config.bootstrap_servers),
+            ("namespace", &self.config.namespace),
+        ];
+        fmt_fields(f, "KafkaPublisher", &fields)
     }
 }
 
@@ -300,10 +301,11 @@ pub struct KafkaSubscription {
 
 impl std::fmt::Debug for KafkaSubscription {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KafkaSubscription")
-            .field("topic", &self.kafka_topic)
-            .field("group", &self.group)
-            .finish_non_exhaustive()
+        fmt_fields(
+            f,
+            "KafkaSubscription",
+            &[("topic", &self.kafka_topic), ("group", &self.group)],
+        )
     }
 }
 
@@ -315,17 +317,7 @@ impl KafkaSubscription {
         group: &str,
         topic: &str,
     ) -> Result<Self, BrokerError> {
-        check_topic(BROKER, topic)?;
-        let (kafka_topic, dead_topic) = (config.topic(topic), config.dead_letter_topic(topic));
-        Self::open(
-            &config,
-            config.group_id(group),
-            group,
-            topic,
-            kafka_topic,
-            dead_topic,
-        )
-        .await
+        Self::open(&config, group, topic, Source::Events).await
     }
 
     /// Reads the dead letters `group` left on `topic`, as the group `{namespace}.{group}.dead`.
@@ -336,29 +328,28 @@ impl KafkaSubscription {
         group: &str,
         topic: &str,
     ) -> Result<Self, BrokerError> {
-        check_topic(BROKER, topic)?;
-        let dead_topic = config.dead_letter_topic(topic);
-        let group_id = format!("{}.dead", config.group_id(group));
-        Self::open(
-            &config,
-            group_id,
-            group,
-            topic,
-            dead_topic.clone(),
-            dead_topic,
-        )
-        .await
+        Self::open(&config, group, topic, Source::DeadLetters).await
     }
 
-    async fn open(
+    /// Joins `group`'s member of what `source` names on `topic`, creating the topic and its
+    /// dead-letter topic if they are missing.
+    pub(crate) async fn open(
         config: &KafkaConfig,
-        group_id: String,
         group: &str,
         topic: &str,
-        kafka_topic: String,
-        dead_topic: String,
+        source: Source,
     ) -> Result<Self, BrokerError> {
+        check_topic(BROKER, topic)?;
         check_plain_name(BROKER, "namespace", &config.namespace)?;
+        // Dead letters dead-lettered again are appended to the same dead-letter topic.
+        let dead_topic = config.dead_letter_topic(topic);
+        let (group_id, kafka_topic) = match source {
+            Source::Events => (config.group_id(group), config.topic(topic)),
+            Source::DeadLetters => (
+                format!("{}.dead", config.group_id(group)),
+                dead_topic.clone(),
+            ),
+        };
         check_plain_name(BROKER, "consumer group", group)?;
         create_topics(config, &[kafka_topic.clone(), dead_topic.clone()]).await?;
         let heartbeat = (config.session_timeout / 3).max(Duration::from_millis(100));
@@ -473,23 +464,15 @@ pub struct KafkaDelivery {
     group: String,
 }
 
-impl std::fmt::Debug for KafkaDelivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (partition, offset) = self.position();
-        self.received.fmt_debug(
-            f,
-            "KafkaDelivery",
-            &[("partition", &partition), ("offset", &offset)],
-        )
+crate::received::delivery_debug_and_dead_reason! {
+    /// Why the message was dead-lettered, when it was read from a dead-letter topic.
+    KafkaDelivery(delivery) {
+        partition: delivery.record.partition(),
+        offset: delivery.record.offset(),
     }
 }
 
 impl KafkaDelivery {
-    /// Why the message was dead-lettered, when it was read from a dead-letter topic.
-    pub fn dead_reason(&self) -> Option<&str> {
-        self.received.dead_reason.as_deref()
-    }
-
     /// The partition and offset of the record.
     pub fn position(&self) -> (i32, i64) {
         (self.record.partition(), self.record.offset())
@@ -539,13 +522,7 @@ impl KafkaDelivery {
 }
 
 impl Delivery for KafkaDelivery {
-    fn message(&self) -> &Message {
-        &self.received.message
-    }
-
-    fn attempt(&self) -> u32 {
-        self.received.attempt
-    }
+    crate::received::delivery_message_and_attempt!();
 
     async fn ack(self) -> Result<(), BrokerError> {
         self.done().await
@@ -608,26 +585,16 @@ pub async fn delete(config: &KafkaConfig, group: &str, topic: &str) -> Result<()
         format!("{}.dead", config.group_id(group)),
     ];
     let groups: Vec<&str> = groups.iter().map(String::as_str).collect();
-    let results = admin
-        .delete_groups(&groups, &options)
-        .await
-        .map_err(|e| err(format!("deleting the groups {groups:?}"), e))?;
-    check_admin_results(
-        results,
-        RDKafkaErrorCode::GroupIdNotFound,
-        "deleting",
-        "group",
-    )?;
+    let answer = admin.delete_groups(&groups, &options).await;
+    check_admin_answer(answer, "deleting", "group", &groups, GroupIdNotFound)?;
     let topics = [config.topic(topic), config.dead_letter_topic(topic)];
     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    let results = admin
-        .delete_topics(&topics, &options)
-        .await
-        .map_err(|e| err(format!("deleting the topics {topics:?}"), e))?;
-    check_admin_results(
-        results,
-        RDKafkaErrorCode::UnknownTopicOrPartition,
+    let answer = admin.delete_topics(&topics, &options).await;
+    check_admin_answer(
+        answer,
         "deleting",
         "topic",
+        &topics,
+        UnknownTopicOrPartition,
     )
 }

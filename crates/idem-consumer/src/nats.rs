@@ -41,7 +41,7 @@ use async_nats::jetstream::{
 use futures_util::StreamExt;
 
 use crate::names::{check_plain_name, check_topic, invalid};
-use crate::received::{Received, event_id};
+use crate::received::{Received, Source, event_id, fmt_fields};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "nats";
@@ -219,11 +219,12 @@ pub struct NatsSubscription {
 
 impl std::fmt::Debug for NatsSubscription {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsSubscription")
-            .field("stream", &self.config.stream_name())
-            .field("consumer", &self.consumer_name)
-            .field("topic", &self.topic)
-            .finish_non_exhaustive()
+        let fields: [(&str, &dyn std::fmt::Debug); 3] = [
+            ("stream", &self.config.stream_name()),
+            ("consumer", &self.consumer_name),
+            ("topic", &self.topic),
+        ];
+        fmt_fields(f, "NatsSubscription", &fields)
     }
 }
 
@@ -235,10 +236,7 @@ impl NatsSubscription {
         group: &str,
         topic: &str,
     ) -> Result<Self, BrokerError> {
-        check_nats_topic(topic)?;
-        let subject = config.subject(topic);
-        let dead = config.dead_letter_subject(topic);
-        Self::open(config, group.to_owned(), group, topic, subject, dead).await
+        Self::open(config, group, topic, Source::Events).await
     }
 
     /// Reads the dead letters `group` left on `topic` (through a durable consumer of its own,
@@ -249,21 +247,32 @@ impl NatsSubscription {
         group: &str,
         topic: &str,
     ) -> Result<Self, BrokerError> {
-        check_nats_topic(topic)?;
-        let subject = config.dead_letter_subject(topic);
-        let dead = config.dead_letter_subject(&format!("dead.{topic}"));
-        Self::open(config, format!("{group}_dead"), group, topic, subject, dead).await
+        Self::open(config, group, topic, Source::DeadLetters).await
     }
 
-    async fn open(
+    /// Joins `group`'s durable consumer of what `source` names on `topic`, creating the
+    /// stream and the consumer if they are missing.
+    pub(crate) async fn open(
         config: NatsConfig,
-        durable: String,
         group: &str,
         topic: &str,
-        subject: String,
-        dead_subject: String,
+        source: Source,
     ) -> Result<Self, BrokerError> {
+        check_nats_topic(topic)?;
         check_plain_name(BROKER, "consumer group", group)?;
+        // The durable consumer, the subject it reads, and where what it cannot handle goes.
+        let (durable, subject, dead_subject) = match source {
+            Source::Events => (
+                group.to_owned(),
+                config.subject(topic),
+                config.dead_letter_subject(topic),
+            ),
+            Source::DeadLetters => (
+                format!("{group}_dead"),
+                config.dead_letter_subject(topic),
+                config.dead_letter_subject(&format!("dead.{topic}")),
+            ),
+        };
         let (js, stream) = open(&config).await?;
         let consumer: jetstream::consumer::PullConsumer = stream
             .get_or_create_consumer(
@@ -398,27 +407,13 @@ pub struct NatsDelivery {
     retry_delay: Duration,
 }
 
-impl std::fmt::Debug for NatsDelivery {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.received.fmt_debug(f, "NatsDelivery", &[])
-    }
-}
-
-impl NatsDelivery {
+crate::received::delivery_debug_and_dead_reason! {
     /// Why the message was dead-lettered, when it was read from a dead-letter subject.
-    pub fn dead_reason(&self) -> Option<&str> {
-        self.received.dead_reason.as_deref()
-    }
+    NatsDelivery
 }
 
 impl Delivery for NatsDelivery {
-    fn message(&self) -> &Message {
-        &self.received.message
-    }
-
-    fn attempt(&self) -> u32 {
-        self.received.attempt
-    }
+    crate::received::delivery_message_and_attempt!();
 
     async fn ack(self) -> Result<(), BrokerError> {
         // A double ack waits for the server to confirm, so a returned Ok means the message

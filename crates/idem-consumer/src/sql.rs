@@ -128,22 +128,32 @@ macro_rules! pending_sql {
     };
 }
 
-/// The methods both databases implement alike, written once. What differs is passed in: the
-/// migrations' directory, the query of pending rows, and the batched deletes (`$1` the time
-/// before which rows go, `$2` the batch), each written in the database's own way of deleting
-/// a bounded batch.
+/// The methods both databases implement alike, written once. What differs is passed in:
+/// whether pending rows are locked, the migrations' directory, the statement that opens a
+/// write transaction, the query of pending rows, and the batched deletes, each a method
+/// named with its statement (`$1` the time before which rows go, `$2` the batch) written in
+/// the database's own way of deleting a bounded batch.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 macro_rules! common_methods {
     (
+        locks_pending: $locks_pending:expr,
         migrations: $migrations:tt,
+        begin_write: $begin_write:expr,
         pending: $pending:expr,
-        delete_processed_before: $delete_processed:expr,
-        delete_sent_before: $delete_sent:expr $(,)?
+        batched_deletes: [$($delete:ident: $delete_statement:expr),+ $(,)?] $(,)?
     ) => {
+        const LOCKS_PENDING: bool = $locks_pending;
+
         async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
             let mut migrator = sqlx::migrate!($migrations);
             migrator.dangerous_set_table_name("idem_consumer_migrations");
             migrator.run(pool).await
+        }
+
+        async fn begin_write(
+            pool: &Pool<Self>,
+        ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
+            pool.begin_with($begin_write).await
         }
 
         async fn insert_processed<'c>(
@@ -161,18 +171,20 @@ macro_rules! common_methods {
             Ok(done.rows_affected() == 1)
         }
 
-        async fn delete_processed_before(
-            pool: &Pool<Self>,
-            before_ms: i64,
-            batch: i64,
-        ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query($delete_processed)
-                .bind(before_ms)
-                .bind(batch)
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
+        $(
+            async fn $delete(
+                pool: &Pool<Self>,
+                before_ms: i64,
+                batch: i64,
+            ) -> Result<u64, sqlx::Error> {
+                let done = sqlx::query($delete_statement)
+                    .bind(before_ms)
+                    .bind(batch)
+                    .execute(pool)
+                    .await?;
+                Ok(done.rows_affected())
+            }
+        )+
 
         async fn insert_outbox<'c>(
             conn: &'c mut Self::Connection,
@@ -197,19 +209,6 @@ macro_rules! common_methods {
             rows.iter().map(pending_from_row).collect()
         }
 
-        async fn delete_sent_before(
-            pool: &Pool<Self>,
-            before_ms: i64,
-            batch: i64,
-        ) -> Result<u64, sqlx::Error> {
-            let done = sqlx::query($delete_sent)
-                .bind(before_ms)
-                .bind(batch)
-                .execute(pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
-
         async fn count_pending(pool: &Pool<Self>) -> Result<i64, sqlx::Error> {
             sqlx::query_scalar(COUNT_PENDING).fetch_one(pool).await
         }
@@ -224,22 +223,20 @@ mod sqlite {
     impl sealed::Sealed for Sqlite {}
 
     impl Database for Sqlite {
-        const LOCKS_PENDING: bool = false;
-
         common_methods! {
+            locks_pending: false,
             migrations: "migrations/sqlite",
+            // Takes the write lock at once, so the transaction never fails half-way to upgrade
+            // to a writer.
+            begin_write: "BEGIN IMMEDIATE",
             pending: pending_sql!(),
-            // A WITHOUT ROWID table: delete by the key.
-            delete_processed_before: "DELETE FROM processed_events WHERE (consumer, event_id) IN
-                (SELECT consumer, event_id FROM processed_events WHERE processed_at < $1 LIMIT $2)",
-            delete_sent_before: "DELETE FROM outbox WHERE seq IN
-                (SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < $1 LIMIT $2)",
-        }
-
-        async fn begin_write(
-            pool: &Pool<Self>,
-        ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
-            pool.begin_with("BEGIN IMMEDIATE").await
+            batched_deletes: [
+                // A WITHOUT ROWID table: delete by the key.
+                delete_processed_before: "DELETE FROM processed_events WHERE (consumer, event_id) IN
+                    (SELECT consumer, event_id FROM processed_events WHERE processed_at < $1 LIMIT $2)",
+                delete_sent_before: "DELETE FROM outbox WHERE seq IN
+                    (SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < $1 LIMIT $2)",
+            ],
         }
 
         async fn mark_sent<'c>(
@@ -269,21 +266,17 @@ mod postgres {
     impl sealed::Sealed for Postgres {}
 
     impl Database for Postgres {
-        const LOCKS_PENDING: bool = true;
-
         common_methods! {
+            locks_pending: true,
             migrations: "migrations/postgres",
+            begin_write: "BEGIN",
             pending: concat!(pending_sql!(), " FOR UPDATE SKIP LOCKED"),
-            delete_processed_before: "DELETE FROM processed_events WHERE ctid = ANY (ARRAY(
-                SELECT ctid FROM processed_events WHERE processed_at < $1 LIMIT $2))",
-            delete_sent_before: "DELETE FROM outbox WHERE seq = ANY (ARRAY(
-                SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < $1 LIMIT $2))",
-        }
-
-        async fn begin_write(
-            pool: &Pool<Self>,
-        ) -> Result<sqlx::Transaction<'static, Self>, sqlx::Error> {
-            pool.begin().await
+            batched_deletes: [
+                delete_processed_before: "DELETE FROM processed_events WHERE ctid = ANY (ARRAY(
+                    SELECT ctid FROM processed_events WHERE processed_at < $1 LIMIT $2))",
+                delete_sent_before: "DELETE FROM outbox WHERE seq = ANY (ARRAY(
+                    SELECT seq FROM outbox WHERE sent_at IS NOT NULL AND sent_at < $1 LIMIT $2))",
+            ],
         }
 
         async fn mark_sent<'c>(

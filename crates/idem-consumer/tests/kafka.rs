@@ -11,34 +11,32 @@ mod common;
 
 use std::time::Duration;
 
-use common::suite::Broker;
-use common::{GROUP, TOPIC, message, namespace, next_within};
+use common::suite::{Broker, adapter};
+use common::{GROUP, TOPIC, message, namespace_on};
 
 use idem_consumer::any::BrokerSettings;
-use idem_consumer::kafka::{KafkaConfig, KafkaDelivery, KafkaPublisher, KafkaSubscription, delete};
-use idem_consumer::{Delivery, Publisher, Subscription};
+use idem_consumer::kafka::{KafkaConfig, KafkaPublisher, KafkaSubscription, delete};
+use idem_consumer::{Delivery, Publisher};
+use idem_testkit::Service;
 
 const SERVERS: &str = "127.0.0.1:19092";
 /// Joining a group takes a rebalance, which takes a few seconds on a fresh group.
 const WAIT: Duration = Duration::from_secs(15);
 
-fn config() -> KafkaConfig {
-    idem_testkit::require(idem_testkit::Service::Kafka);
-    let namespace = namespace();
+/// How long the group waits for a silent member: short, so that a killed consumer's partition
+/// moves on quickly, and within what the broker allows.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// The config for `namespace`, as this test binary's children get it too.
+fn config_for(namespace: String) -> KafkaConfig {
     KafkaConfig {
-        session_timeout: Duration::from_secs(6),
+        session_timeout: SESSION_TIMEOUT,
         ..KafkaConfig::new(SERVERS, namespace)
     }
 }
 
-async fn next<S: Subscription>(sub: &mut S) -> S::Delivery {
-    next_within(sub, WAIT).await
-}
-
-async fn subscribe(config: &KafkaConfig) -> KafkaSubscription {
-    KafkaSubscription::connect(config.clone(), GROUP, TOPIC)
-        .await
-        .unwrap()
+fn config() -> KafkaConfig {
+    config_for(namespace_on(Service::Kafka))
 }
 
 /// The group's committed offset is past everything published so far: a marker published
@@ -48,87 +46,62 @@ async fn assert_committed_to_the_end(config: &KafkaConfig, publisher: &KafkaPubl
         .publish(&message("evt_marker", "x"))
         .await
         .unwrap();
-    let mut sub = subscribe(config).await;
-    assert_eq!(next(&mut sub).await.message().id.as_str(), "evt_marker");
+    let mut sub = config.subscribe().await;
+    assert_eq!(
+        KafkaConfig::next(&mut sub).await.message().id.as_str(),
+        "evt_marker"
+    );
 }
 
 /// A fresh namespace on Kafka.
-struct Kafka(KafkaConfig);
-
-impl Broker for Kafka {
-    type Publisher = KafkaPublisher;
-    type Subscription = KafkaSubscription;
-    type Delivery = KafkaDelivery;
-
-    const WAIT: Duration = WAIT;
-    const COUNTS_DELIVERIES: bool = false;
-    const DROPS_DUPLICATES: bool = false;
-    const RETRIES_IN_ORDER: bool = true;
+impl Broker for KafkaConfig {
+    adapter!(Kafka, WAIT, KafkaPublisher, KafkaSubscription);
 
     async fn fresh() -> Self {
-        Self(config())
-    }
-
-    async fn publisher(&self) -> KafkaPublisher {
-        KafkaPublisher::connect(self.0.clone()).await.unwrap()
-    }
-
-    async fn subscribe(&self) -> KafkaSubscription {
-        subscribe(&self.0).await
-    }
-
-    async fn dead_letters(&self) -> KafkaSubscription {
-        KafkaSubscription::dead_letters(self.0.clone(), GROUP, TOPIC)
-            .await
-            .unwrap()
-    }
-
-    fn dead_reason(delivery: &KafkaDelivery) -> Option<&str> {
-        delivery.dead_reason()
+        config()
     }
 
     async fn nothing_more(&self, sub: KafkaSubscription) {
         // The member leaves the group, so the marker's reader gets the partition at once.
         drop(sub);
-        assert_committed_to_the_end(&self.0, &self.publisher().await).await;
+        assert_committed_to_the_end(self, &self.publisher().await).await;
     }
 
     async fn delete(self) {
-        delete(&self.0, GROUP, TOPIC).await.unwrap();
+        delete(&self, GROUP, TOPIC).await.unwrap();
     }
 
     fn any_settings() -> BrokerSettings {
-        idem_testkit::require(idem_testkit::Service::Kafka);
         BrokerSettings {
-            session_timeout: Duration::from_secs(6),
-            ..BrokerSettings::new(format!("kafka://{SERVERS}"), namespace(), TOPIC, GROUP)
+            session_timeout: SESSION_TIMEOUT,
+            ..common::any_settings(Service::Kafka, format!("kafka://{SERVERS}"))
         }
     }
 }
 
-common::broker_suite!(Kafka);
+common::broker_suite!(KafkaConfig);
 
 #[tokio::test]
 async fn offsets_of_unacked_messages_are_not_committed() {
     let config = config();
-    let publisher = KafkaPublisher::connect(config.clone()).await.unwrap();
+    let publisher = config.publisher().await;
     for id in ["evt_a", "evt_b", "evt_c"] {
         publisher.publish(&message(id, "x")).await.unwrap();
     }
 
-    let mut sub = subscribe(&config).await;
-    next(&mut sub).await.ack().await.unwrap();
-    let b = next(&mut sub).await;
+    let mut sub = config.subscribe().await;
+    KafkaConfig::next(&mut sub).await.ack().await.unwrap();
+    let b = KafkaConfig::next(&mut sub).await;
     assert_eq!(b.message().id.as_str(), "evt_b");
-    let c = next(&mut sub).await;
+    let c = KafkaConfig::next(&mut sub).await;
     // evt_b is never acknowledged ("crash"): acknowledging evt_c must not commit past it.
     c.ack().await.unwrap();
     drop(b);
     drop(sub);
 
-    let mut sub = subscribe(&config).await;
+    let mut sub = config.subscribe().await;
     for id in ["evt_b", "evt_c"] {
-        let delivery = next(&mut sub).await;
+        let delivery = KafkaConfig::next(&mut sub).await;
         assert_eq!(delivery.message().id.as_str(), id);
         // A new process: the count restarts (Kafka keeps none).
         assert_eq!(delivery.attempt(), 1);
@@ -148,12 +121,9 @@ async fn child_takes_one_and_hangs() {
     let Ok(namespace) = std::env::var("IDEM_KAFKA_CHILD_NAMESPACE") else {
         return;
     };
-    let config = KafkaConfig {
-        session_timeout: Duration::from_secs(6),
-        ..KafkaConfig::new(SERVERS, namespace)
-    };
-    let mut sub = subscribe(&config).await;
-    let delivery = next(&mut sub).await;
+    let config = config_for(namespace);
+    let mut sub = config.subscribe().await;
+    let delivery = KafkaConfig::next(&mut sub).await;
     println!("CHILD GOT {}", delivery.message().id);
     std::future::pending::<()>().await;
 }
@@ -165,7 +135,7 @@ async fn a_killed_consumers_partition_goes_to_the_next_one() {
     // A consumer killed outright (no LeaveGroup, no commit) holds its partition until the
     // group's session timeout; then the next member gets the message again.
     let config = config();
-    let publisher = KafkaPublisher::connect(config.clone()).await.unwrap();
+    let publisher = config.publisher().await;
     publisher
         .publish(&message("evt_killed", "x"))
         .await
@@ -193,8 +163,8 @@ async fn a_killed_consumers_partition_goes_to_the_next_one() {
     child.kill().unwrap();
     child.wait().unwrap();
 
-    let mut sub = subscribe(&config).await;
-    let again = next(&mut sub).await;
+    let mut sub = config.subscribe().await;
+    let again = KafkaConfig::next(&mut sub).await;
     assert_eq!(again.message().id.as_str(), "evt_killed");
     again.ack().await.unwrap();
     drop(sub);

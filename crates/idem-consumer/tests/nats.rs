@@ -7,69 +7,33 @@ mod common;
 
 use std::time::Duration;
 
-use common::suite::Broker;
-use common::{GROUP, TOPIC, message, namespace, next_within, nothing};
+use common::suite::{Broker, adapter};
+use common::{GROUP, TOPIC, message, namespace_on, nothing};
 
 use idem_consumer::any::{AnyPublisher, BrokerSettings};
-use idem_consumer::nats::{
-    NatsConfig, NatsDelivery, NatsPublisher, NatsSubscription, delete_namespace,
-};
-use idem_consumer::{Delivery, Publisher, Subscription};
+use idem_consumer::nats::{NatsConfig, NatsPublisher, NatsSubscription, delete_namespace};
+use idem_consumer::{Delivery, Publisher};
+use idem_testkit::Service;
 
 const URL: &str = "nats://127.0.0.1:4222";
 /// Long enough for any delivery that is coming on loopback.
 const WAIT: Duration = Duration::from_secs(5);
 
 fn config() -> NatsConfig {
-    idem_testkit::require(idem_testkit::Service::Nats);
-    let namespace = namespace();
     NatsConfig {
         // Short, so that a "crashed" consumer's message comes back quickly.
         ack_wait: Duration::from_secs(1),
         delivery_limit: 3,
-        ..NatsConfig::new(URL, namespace)
+        ..NatsConfig::new(URL, namespace_on(Service::Nats))
     }
-}
-
-async fn next<S: Subscription>(sub: &mut S) -> S::Delivery {
-    next_within(sub, WAIT).await
 }
 
 /// A fresh namespace on JetStream.
-struct Nats(NatsConfig);
-
-impl Broker for Nats {
-    type Publisher = NatsPublisher;
-    type Subscription = NatsSubscription;
-    type Delivery = NatsDelivery;
-
-    const WAIT: Duration = WAIT;
-    const COUNTS_DELIVERIES: bool = true;
-    const DROPS_DUPLICATES: bool = true;
-    const RETRIES_IN_ORDER: bool = false;
+impl Broker for NatsConfig {
+    adapter!(Nats, WAIT, NatsPublisher, NatsSubscription);
 
     async fn fresh() -> Self {
-        Self(config())
-    }
-
-    async fn publisher(&self) -> NatsPublisher {
-        NatsPublisher::connect(self.0.clone()).await.unwrap()
-    }
-
-    async fn subscribe(&self) -> NatsSubscription {
-        NatsSubscription::connect(self.0.clone(), GROUP, TOPIC)
-            .await
-            .unwrap()
-    }
-
-    async fn dead_letters(&self) -> NatsSubscription {
-        NatsSubscription::dead_letters(self.0.clone(), GROUP, TOPIC)
-            .await
-            .unwrap()
-    }
-
-    fn dead_reason(delivery: &NatsDelivery) -> Option<&str> {
-        delivery.dead_reason()
+        config()
     }
 
     async fn nothing_more(&self, mut sub: NatsSubscription) {
@@ -78,16 +42,15 @@ impl Broker for Nats {
     }
 
     async fn delete(self) {
-        delete_namespace(&self.0).await.unwrap();
+        delete_namespace(&self).await.unwrap();
     }
 
     fn any_settings() -> BrokerSettings {
-        idem_testkit::require(idem_testkit::Service::Nats);
-        BrokerSettings::new(URL, namespace(), TOPIC, GROUP)
+        common::any_settings(Service::Nats, URL)
     }
 }
 
-common::broker_suite!(Nats);
+common::broker_suite!(NatsConfig);
 
 #[tokio::test]
 async fn an_unknown_scheme_is_a_typed_error() {
@@ -117,10 +80,10 @@ async fn a_message_whose_last_attempt_crashed_is_dead_lettered_unhandled() {
         }
     }
 
-    let broker = Nats(NatsConfig {
+    let broker = NatsConfig {
         delivery_limit: 1,
         ..config()
-    });
+    };
     let publisher = broker.publisher().await;
     publisher
         .publish(&message("evt_killer", "{}"))
@@ -129,11 +92,11 @@ async fn a_message_whose_last_attempt_crashed_is_dead_lettered_unhandled() {
     {
         // The worker takes its one allowed delivery and dies before any answer.
         let mut crashed = broker.subscribe().await;
-        let delivery = next(&mut crashed).await;
+        let delivery = NatsConfig::next(&mut crashed).await;
         assert_eq!(delivery.attempt(), 1);
     }
     let mut sub = broker.subscribe().await;
-    let again = next(&mut sub).await;
+    let again = NatsConfig::next(&mut sub).await;
     assert_eq!(again.attempt(), 2);
     let consumer = Consumer::new("receipts", Counting::default()).with_delivery_limit(1);
     let mut stats = ConsumerStats::default();
@@ -142,7 +105,7 @@ async fn a_message_whose_last_attempt_crashed_is_dead_lettered_unhandled() {
     assert_eq!(stats.dead_lettered, 1);
 
     let mut dead = broker.dead_letters().await;
-    let letter = next(&mut dead).await;
+    let letter = NatsConfig::next(&mut dead).await;
     assert_eq!(letter.message().id.as_str(), "evt_killer");
     assert_eq!(letter.dead_reason(), Some("delivery limit exceeded"));
     letter.ack().await.unwrap();

@@ -7,7 +7,9 @@ pub mod suite;
 
 use std::time::Duration;
 
+use idem_consumer::any::BrokerSettings;
 use idem_consumer::{EventId, Message, Subscription};
+use idem_testkit::Service;
 
 pub const TOPIC: &str = "payment.succeeded";
 pub const GROUP: &str = "receipts";
@@ -15,6 +17,18 @@ pub const GROUP: &str = "receipts";
 /// A namespace no other test uses, so tests run in parallel on one broker.
 pub fn namespace() -> String {
     format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+}
+
+/// A fresh [`namespace`] on the broker `service`, which must be up.
+pub fn namespace_on(service: Service) -> String {
+    idem_testkit::require(service);
+    namespace()
+}
+
+/// Settings naming the broker `service` at `url` and a fresh namespace on it, for the `any`
+/// module.
+pub fn any_settings(service: Service, url: impl Into<String>) -> BrokerSettings {
+    BrokerSettings::new(url, namespace_on(service), TOPIC, GROUP)
 }
 
 pub fn message(id: &str, payload: &str) -> Message {

@@ -2,21 +2,30 @@
 //! against NATS, RabbitMQ and Kafka by [`broker_suite!`](crate::common::broker_suite), as the
 //! store conformance suite runs against every store.
 //!
-//! A broker's test file implements [`Broker`] (a fresh namespace, its adapter's types, and the
-//! few places where brokers differ on purpose) and instantiates the suite; what only one
-//! broker does stays a test of its own in that file.
+//! A broker's test file implements [`Broker`] for its adapter's config (a fresh namespace,
+//! the adapter's types through [`adapter!`](crate::common::suite::adapter), how to show that
+//! nothing more comes and how to clean up) and instantiates the suite; where brokers differ on
+//! purpose is written here, side by side, by [`BrokerKind`]. What only one broker does stays a
+//! test of its own in that file.
 
 use std::fmt::Debug;
 use std::time::Duration;
 
-use idem_consumer::any::{AnyPublisher, AnySubscription, BrokerSettings, delete_broker_objects};
-use idem_consumer::{Delivery, Published, Publisher, Subscription};
+use idem_consumer::any::{
+    AnyPublisher, AnySubscription, BrokerKind, BrokerSettings, delete_broker_objects,
+};
+use idem_consumer::{Delivery, Message, Published, Publisher, Subscription};
 
 use super::{message, next_within};
 
-/// One broker as the suite sees it. A value is one fresh namespace on it, with whatever
-/// publishing there needs already declared.
+/// One broker as the suite sees it, implemented by its adapter's config: a value is one fresh
+/// namespace on it, with whatever publishing there needs already declared.
 pub trait Broker: Sized {
+    /// Which broker it is.
+    const KIND: BrokerKind;
+    /// Long enough for any delivery that is coming.
+    const WAIT: Duration;
+
     /// The adapter's publisher.
     type Publisher: Publisher;
     /// The adapter's subscription.
@@ -24,20 +33,12 @@ pub trait Broker: Sized {
     /// The adapter's delivery.
     type Delivery: Delivery + Debug;
 
-    /// Long enough for any delivery that is coming.
-    const WAIT: Duration;
-    /// Whether the broker counts deliveries itself, so that a message redelivered to the next
-    /// consumer says attempt 2. Kafka keeps no count: a new subscription starts again at 1.
-    const COUNTS_DELIVERIES: bool;
-    /// Whether a second publish of one id is dropped by the broker (JetStream's duplicate
-    /// window). Brokers without one store both copies, for the inbox to dedup.
-    const DROPS_DUPLICATES: bool;
-    /// Whether a retried message comes back before the messages behind it (Kafka seeks back
-    /// to its offset). Elsewhere the order of a redelivery and the next message is open.
-    const RETRIES_IN_ORDER: bool;
-
     /// A fresh namespace on the broker.
     async fn fresh() -> Self;
+    /// The next delivery on `sub`, within [`Broker::WAIT`].
+    async fn next<S: Subscription>(sub: &mut S) -> S::Delivery {
+        next_within(sub, Self::WAIT).await
+    }
     /// A publisher into the namespace.
     async fn publisher(&self) -> Self::Publisher;
     /// A subscription of the group `GROUP` on `TOPIC`.
@@ -54,8 +55,69 @@ pub trait Broker: Sized {
     fn any_settings() -> BrokerSettings;
 }
 
-async fn next<B: Broker, S: Subscription>(sub: &mut S) -> S::Delivery {
-    next_within(sub, B::WAIT).await
+/// Writes, inside `impl Broker for` an adapter's config, the items that only name the broker
+/// (the [`BrokerKind`] variant `$kind`, its `$wait`) and the adapter's types, and call the
+/// adapter's constructors on the config: alike on every broker.
+macro_rules! adapter {
+    ($kind:ident, $wait:expr, $publisher:ident, $subscription:ident) => {
+        const KIND: idem_consumer::any::BrokerKind = idem_consumer::any::BrokerKind::$kind;
+        const WAIT: std::time::Duration = $wait;
+
+        type Publisher = $publisher;
+        type Subscription = $subscription;
+        type Delivery = <$subscription as idem_consumer::Subscription>::Delivery;
+
+        async fn publisher(&self) -> $publisher {
+            $publisher::connect(self.clone()).await.unwrap()
+        }
+
+        async fn subscribe(&self) -> $subscription {
+            let (group, topic) = ($crate::common::GROUP, $crate::common::TOPIC);
+            $subscription::connect(self.clone(), group, topic)
+                .await
+                .unwrap()
+        }
+
+        async fn dead_letters(&self) -> $subscription {
+            let (group, topic) = ($crate::common::GROUP, $crate::common::TOPIC);
+            $subscription::dead_letters(self.clone(), group, topic)
+                .await
+                .unwrap()
+        }
+
+        fn dead_reason(delivery: &Self::Delivery) -> Option<&str> {
+            delivery.dead_reason()
+        }
+    };
+}
+pub(crate) use adapter;
+
+/// Whether the broker counts deliveries itself, so that a message redelivered to the next
+/// consumer says attempt 2. Kafka keeps no count: a new subscription starts again at 1.
+fn counts_deliveries<B: Broker>() -> bool {
+    B::KIND != BrokerKind::Kafka
+}
+
+/// Whether a second publish of one id is dropped by the broker (JetStream's duplicate
+/// window). Brokers without one store both copies, for the inbox to dedup.
+fn drops_duplicates<B: Broker>() -> bool {
+    B::KIND == BrokerKind::Nats
+}
+
+/// Whether a retried message comes back before the messages behind it (Kafka seeks back to
+/// its offset). Elsewhere the order of a redelivery and the next message is open.
+fn retries_in_order<B: Broker>() -> bool {
+    B::KIND == BrokerKind::Kafka
+}
+
+/// A fresh namespace on `B` with `messages` published into it, each stored.
+pub async fn fresh_with<B: Broker>(messages: &[Message]) -> B {
+    let broker = B::fresh().await;
+    let publisher = broker.publisher().await;
+    for message in messages {
+        assert_eq!(publisher.publish(message).await.unwrap(), Published::Stored);
+    }
+    broker
 }
 
 /// Five published messages arrive in order, with their ids and payloads, once each.
@@ -70,7 +132,7 @@ pub async fn published_messages_arrive_with_their_ids_and_payloads<B: Broker>() 
         assert_eq!(outcome.unwrap(), Published::Stored);
     }
     for i in 0..5 {
-        let delivery = next::<B, _>(&mut sub).await;
+        let delivery = B::next(&mut sub).await;
         assert_eq!(
             delivery.message(),
             &message(&format!("evt_{i}"), &format!("{{\"n\":{i}}}"))
@@ -85,12 +147,10 @@ pub async fn published_messages_arrive_with_their_ids_and_payloads<B: Broker>() 
 /// A consumer that "crashes" (no ack, its connection goes) gets its message delivered again
 /// to the next consumer of the group.
 pub async fn an_unacked_delivery_comes_back_to_the_next_consumer<B: Broker>() {
-    let broker = B::fresh().await;
-    let publisher = broker.publisher().await;
-    publisher.publish(&message("evt_crash", "x")).await.unwrap();
+    let broker: B = fresh_with(&[message("evt_crash", "x")]).await;
 
     let mut sub = broker.subscribe().await;
-    let first = next::<B, _>(&mut sub).await;
+    let first = B::next(&mut sub).await;
     assert_eq!(
         (first.message().id.as_str(), first.attempt()),
         ("evt_crash", 1)
@@ -99,8 +159,8 @@ pub async fn an_unacked_delivery_comes_back_to_the_next_consumer<B: Broker>() {
     drop(sub);
 
     let mut sub = broker.subscribe().await;
-    let again = next::<B, _>(&mut sub).await;
-    let attempt = if B::COUNTS_DELIVERIES { 2 } else { 1 };
+    let again = B::next(&mut sub).await;
+    let attempt = if counts_deliveries::<B>() { 2 } else { 1 };
     assert_eq!(
         (again.message().id.as_str(), again.attempt()),
         ("evt_crash", attempt)
@@ -113,16 +173,13 @@ pub async fn an_unacked_delivery_comes_back_to_the_next_consumer<B: Broker>() {
 /// A retried delivery comes back with its attempt counted up, and the message behind it
 /// still arrives, once.
 pub async fn a_retried_delivery_comes_back_with_a_higher_attempt<B: Broker>() {
-    let broker = B::fresh().await;
-    let publisher = broker.publisher().await;
-    publisher.publish(&message("evt_retry", "x")).await.unwrap();
-    publisher.publish(&message("evt_after", "y")).await.unwrap();
+    let broker: B = fresh_with(&[message("evt_retry", "x"), message("evt_after", "y")]).await;
     let mut sub = broker.subscribe().await;
 
     // evt_retry is retried on its first two attempts; everything else is acknowledged.
     let mut seen = Vec::new();
     while seen.len() < 4 {
-        let delivery = next::<B, _>(&mut sub).await;
+        let delivery = B::next(&mut sub).await;
         let (id, attempt) = (delivery.message().id.to_string(), delivery.attempt());
         if id == "evt_retry" && attempt < 3 {
             delivery.retry().await.unwrap();
@@ -143,7 +200,7 @@ pub async fn a_retried_delivery_comes_back_with_a_higher_attempt<B: Broker>() {
         "the delivery limit's last attempt is visible as such"
     );
     assert_eq!(attempts("evt_after"), [1]);
-    if B::RETRIES_IN_ORDER {
+    if retries_in_order::<B>() {
         let ids: Vec<&str> = seen.iter().map(|(id, _)| id.as_str()).collect();
         assert_eq!(ids, ["evt_retry", "evt_retry", "evt_retry", "evt_after"]);
     }
@@ -154,28 +211,22 @@ pub async fn a_retried_delivery_comes_back_with_a_higher_attempt<B: Broker>() {
 /// A dead-lettered message is not delivered again to its group; it waits in the dead letters
 /// with its id, payload and reason, and the message behind it is delivered as usual.
 pub async fn a_dead_lettered_message_is_kept_aside_and_not_redelivered<B: Broker>() {
-    let broker = B::fresh().await;
-    let publisher = broker.publisher().await;
-    publisher
-        .publish(&message("evt_poison", "{bad"))
-        .await
-        .unwrap();
-    publisher.publish(&message("evt_fine", "{}")).await.unwrap();
+    let broker: B = fresh_with(&[message("evt_poison", "{bad"), message("evt_fine", "{}")]).await;
     let mut sub = broker.subscribe().await;
 
-    let poison = next::<B, _>(&mut sub).await;
+    let poison = B::next(&mut sub).await;
     assert_eq!(poison.message().id.as_str(), "evt_poison");
     poison
         .dead_letter("cannot parse the payload")
         .await
         .unwrap();
-    let fine = next::<B, _>(&mut sub).await;
+    let fine = B::next(&mut sub).await;
     assert_eq!(fine.message().id.as_str(), "evt_fine");
     fine.ack().await.unwrap();
     broker.nothing_more(sub).await;
 
     let mut dead = broker.dead_letters().await;
-    let letter = next::<B, _>(&mut dead).await;
+    let letter = B::next(&mut dead).await;
     assert_eq!(letter.message(), &message("evt_poison", "{bad"));
     assert_eq!(B::dead_reason(&letter), Some("cannot parse the payload"));
     letter.ack().await.unwrap();
@@ -190,7 +241,7 @@ pub async fn the_same_id_published_twice<B: Broker>() {
     let publisher = broker.publisher().await;
     let event = message("evt_twice", "x");
     assert_eq!(publisher.publish(&event).await.unwrap(), Published::Stored);
-    let (second, copies) = if B::DROPS_DUPLICATES {
+    let (second, copies) = if drops_duplicates::<B>() {
         (Published::Duplicate, 1)
     } else {
         (Published::Stored, 2)
@@ -199,7 +250,7 @@ pub async fn the_same_id_published_twice<B: Broker>() {
 
     let mut sub = broker.subscribe().await;
     for _ in 0..copies {
-        let delivery = next::<B, _>(&mut sub).await;
+        let delivery = B::next(&mut sub).await;
         assert_eq!(delivery.message(), &event);
         delivery.ack().await.unwrap();
     }
@@ -214,7 +265,7 @@ pub async fn any_broker_settings_reach_the_broker<B: Broker>() {
     let publisher = AnyPublisher::connect(&settings).await.unwrap();
     let mut sub = AnySubscription::connect(&settings).await.unwrap();
     publisher.publish(&message("evt_any", "x")).await.unwrap();
-    let delivery = next::<B, _>(&mut sub).await;
+    let delivery = B::next(&mut sub).await;
     assert_eq!(delivery.message(), &message("evt_any", "x"));
     delivery
         .dead_letter("checking the dead letters")
@@ -223,7 +274,7 @@ pub async fn any_broker_settings_reach_the_broker<B: Broker>() {
     drop(sub);
 
     let mut dead = AnySubscription::dead_letters(&settings).await.unwrap();
-    let letter = next::<B, _>(&mut dead).await;
+    let letter = B::next(&mut dead).await;
     assert_eq!(letter.message(), &message("evt_any", "x"));
     assert_eq!(letter.dead_reason(), Some("checking the dead letters"));
     letter.ack().await.unwrap();
