@@ -98,15 +98,33 @@ impl<'de> Deserialize<'de> for JsonObject {
     }
 }
 
-/// The resource id at `field` in a JSON answer: a dotted path (`id`, `data.id`) to a string
-/// or a number. `None` when the body is not JSON or the field is absent or empty.
+/// The resource id at `field` in a JSON answer: a dotted path (`id`, `data.id`) or a JSON
+/// pointer (`/data/0/id`, RFC 6901) to a string or a number. `None` when the body is not JSON
+/// or the field is absent or empty.
 pub(crate) fn id_in(body: &[u8], field: &str) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let found = field.split('.').try_fold(&value, |v, name| v.get(name))?;
-    match found {
+    id_at(&value, field)
+}
+
+/// The resource id at `field` in `value`, as [`id_in`] finds it.
+pub(crate) fn id_at(value: &serde_json::Value, field: &str) -> Option<String> {
+    match member(value, field)? {
         serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
+    }
+}
+
+/// The value at `field` in `value`: a JSON pointer when it starts with `/`, else a dotted
+/// path of member names.
+pub(crate) fn member<'a>(
+    value: &'a serde_json::Value,
+    field: &str,
+) -> Option<&'a serde_json::Value> {
+    if field.starts_with('/') {
+        value.pointer(field)
+    } else {
+        field.split('.').try_fold(value, |v, name| v.get(name))
     }
 }
 
@@ -167,5 +185,13 @@ mod tests {
         assert_eq!(id_in(body, "empty"), None);
         assert_eq!(id_in(body, "missing"), None);
         assert_eq!(id_in(b"<html>", "id"), None);
+    }
+
+    #[test]
+    fn ids_are_found_by_json_pointer() {
+        let body = br#"{"data": [{"id": "ch_1"}], "a.b": {"id": 7}}"#;
+        assert_eq!(id_in(body, "/data/0/id").as_deref(), Some("ch_1"));
+        assert_eq!(id_in(body, "/a.b/id").as_deref(), Some("7"));
+        assert_eq!(id_in(body, "/data/1/id"), None);
     }
 }

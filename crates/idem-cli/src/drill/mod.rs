@@ -25,7 +25,7 @@ use idem_client::{Client, RetryBudget, RetryPolicy, Sleeper, TokioSleeper};
 use reqwest::Url;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 
-mod body;
+pub(crate) mod body;
 mod checks;
 mod report;
 
@@ -81,7 +81,8 @@ pub struct DrillArgs {
     /// An extra header for every request, `NAME:VALUE`; repeatable.
     #[arg(long = "header", value_name = "NAME:VALUE", value_parser = parse_header)]
     pub headers: Vec<(HeaderName, HeaderValue)>,
-    /// Where the created resource's id is in the JSON answer; a dotted path such as `data.id`.
+    /// Where the created resource's id is in the JSON answer: a dotted path such as `data.id`,
+    /// or a JSON pointer such as `/data/id`.
     #[arg(long, default_value = "id")]
     pub id_field: String,
     /// The longest published retention, in seconds, the expiry check will wait out.
@@ -98,20 +99,20 @@ pub struct DrillArgs {
     pub json: bool,
 }
 
-fn parse_url(s: &str) -> Result<Url, String> {
+pub(crate) fn parse_url(s: &str) -> Result<Url, String> {
     let url = Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
     check_scheme(&url)?;
     Ok(url)
 }
 
-fn check_scheme(url: &Url) -> Result<(), String> {
+pub(crate) fn check_scheme(url: &Url) -> Result<(), String> {
     match url.scheme() {
         "http" | "https" => Ok(()),
         other => Err(format!("expected an http or https URL, not {other}:")),
     }
 }
 
-fn parse_header(s: &str) -> Result<(HeaderName, HeaderValue), String> {
+pub(crate) fn parse_header(s: &str) -> Result<(HeaderName, HeaderValue), String> {
     let (name, value) = s
         .split_once(':')
         .ok_or_else(|| format!("expected NAME:VALUE, got {s:?}"))?;
@@ -135,7 +136,7 @@ pub struct DrillConfig {
     pub concurrency: usize,
     /// Extra headers for every request (never `Authorization` or `Idempotency-Key`).
     pub headers: HeaderMap,
-    /// Dotted path to the resource id in a JSON answer.
+    /// Dotted path or JSON pointer to the resource id in a JSON answer.
     pub id_field: String,
     /// The longest retention the expiry check waits out.
     pub max_wait: Duration,

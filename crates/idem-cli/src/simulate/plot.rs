@@ -104,7 +104,10 @@ impl<'a> Extent<'a> {
         let max_loss = rates.last().map_or(0.0, |r| r.loss);
         let max_extra = rates
             .iter()
-            .map(|r| (r.without_keys.extra_charges as f64).max(r.expected.extra_charges))
+            .map(|r| {
+                (r.without_keys.extra_charges.max(r.with_keys.extra_charges) as f64)
+                    .max(r.expected.extra_charges)
+            })
             .fold(0.0, f64::max);
         let x_max = if max_loss > 0.0 {
             max_loss * 110.0
@@ -131,14 +134,10 @@ impl<'a> Extent<'a> {
             .iter()
             .map(|r| (r.loss * 100.0, r.without_keys.extra_charges as f64))
             .collect();
-        // With keys, the extra charges are the charges beyond one per intent.
         let with: Vec<(f64, f64)> = self
             .rates
             .iter()
-            .map(|r| {
-                let extra = r.with_keys.charges_in_db.saturating_sub(r.requests);
-                (r.loss * 100.0, extra as f64)
-            })
+            .map(|r| (r.loss * 100.0, r.with_keys.extra_charges as f64))
             .collect();
         [
             Measured {
@@ -176,6 +175,15 @@ fn chart<DB: DrawingBackend>(
             .border_style(BLACK.mix(0.4))
             .draw()
             .map_err(plot_error)?;
+        // What was measured, small in the bottom margin: a URL may be long.
+        let (_, height) = root.dim_in_pixel();
+        let height = i32::try_from(height).unwrap_or(i32::MAX);
+        root.draw_text(
+            &format!("Measured: {}", report.target.label()),
+            &(FAMILY, 13).into_font().color(&BLACK.mix(0.6)),
+            (24, height - 20),
+        )
+        .map_err(plot_error)?;
     }
     Ok(())
 }
@@ -293,14 +301,19 @@ fn measured<DB: DrawingBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::report::{Expected, RunFacts, WithKeys, WithoutKeys};
+    use crate::simulate::report::{Expected, RunFacts, Target, WithKeys, WithoutKeys};
 
     fn report() -> Report {
         let facts = RunFacts {
+            run_id: "a".into(),
             account: "a".into(),
             intents_charged: 1000,
+            resources_seen: 1000,
+            resources_listed: None,
+            listed_not_seen: None,
             attempts: 0,
             answers_lost: 0,
+            answers_without_id: 0,
             unanswered: 0,
         };
         let rate = |loss: f64, extra: u64| RateReport {
@@ -314,6 +327,7 @@ mod tests {
             },
             with_keys: WithKeys {
                 double_charges: 0,
+                extra_charges: 0,
                 duplicates_prevented: extra,
                 charges_in_db: 1000,
                 run: facts.clone(),
@@ -324,6 +338,7 @@ mod tests {
             },
         };
         Report {
+            target: Target::InProcess { database: None },
             seed: 42,
             max_attempts: 21,
             rates: vec![rate(0.01, 9), rate(0.05, 55), rate(0.10, 108)],

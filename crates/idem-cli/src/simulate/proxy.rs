@@ -1,17 +1,24 @@
-//! The fault injector: a real HTTP proxy on loopback between the simulated client and
-//! `idem serve`, which loses answers on the wire after the server has committed.
+//! The fault injector: a real HTTP proxy on loopback between the simulated client and the
+//! API under test (the in-process `idem serve`, or `--url`), which loses answers on the wire
+//! after the API has committed.
 //!
-//! Every request is forwarded whole, and the server's response is read to its last byte
-//! before anything is decided, so the server has finished (and committed) the work. Then,
-//! with probability `loss`, the proxy closes the client's connection without writing a byte
-//! of the answer: the client sees a connection closed before the message completed, exactly
-//! what a lost ACK looks like from the caller's side. Otherwise the answer is relayed.
+//! Every request is forwarded whole to the API's origin (over TLS for `https://`, with the
+//! API's own `Host`), and the API's response is read to its last byte before anything is
+//! decided, so the API has finished (and committed) the work. Then, with probability `loss`,
+//! the proxy closes the client's connection without writing a byte of the answer: the client
+//! sees a connection closed before the message completed, exactly what a lost ACK looks like
+//! from the caller's side. Otherwise the answer is relayed.
+//!
+//! The proxy is also where charges can be counted without the API's database: it sees every
+//! answer, the lost ones too, and records the resource id of each `2xx` per intent. A client
+//! never sees the answers that were lost, so it could not.
 //!
 //! Which attempts are lost is a pure function of the seed, the intent (the
-//! [`INTENT_HEADER`] the simulator puts on every attempt) and the attempt's number for that
-//! intent, which the proxy counts as attempts arrive. One intent's attempts are sequential
-//! (the client sends the next only after the previous failed), so the numbering, and with it
-//! the whole fault schedule, is the same however the intents interleave.
+//! [`INTENT_HEADER`] the simulator puts on every attempt, and which the proxy removes before
+//! forwarding: the API gets the request a real client would send) and the attempt's number
+//! for that intent, which the proxy counts as attempts arrive. One intent's attempts are
+//! sequential (the client sends the next only after the previous failed), so the numbering,
+//! and with it the whole fault schedule, is the same however the intents interleave.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -26,14 +33,15 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Request, Response, StatusCode, Uri};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use reqwest::Url;
 use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
+
+use crate::drill::body::id_in;
 
 /// The header that names the intent an attempt belongs to (its index in the run).
 pub(crate) const INTENT_HEADER: HeaderName = HeaderName::from_static("x-idem-sim-intent");
@@ -58,17 +66,31 @@ pub(crate) fn is_lost(seed: u64, intent: u64, attempt: u32, loss: f64) -> bool {
     unit < loss
 }
 
+/// Where the proxy forwards to and how it reads the answers.
+#[derive(Debug, Clone)]
+pub(crate) struct Upstream {
+    /// The API's origin, `http://host:port` or `https://host:port`; each request's path and
+    /// query are kept.
+    pub(crate) origin: Url,
+    /// The client that calls it (its TLS roots, no redirects followed).
+    pub(crate) client: reqwest::Client,
+    /// Where a `2xx` answer's resource id is (see [`id_in`]).
+    pub(crate) id_field: String,
+}
+
 /// What the proxy saw during one run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ProxyCounts {
-    /// Requests the server answered (every attempt that reached it).
+    /// Requests the API answered (every attempt that reached it).
     pub(crate) forwarded: u64,
-    /// Of those, answers the server marked `Idempotent-Replayed: true`: a duplicate it
+    /// Of those, answers the API marked `Idempotent-Replayed: true`: a duplicate it
     /// recognised and answered from the stored response, without charging again.
     pub(crate) replayed: u64,
-    /// Answers lost on purpose: the server had answered, the client's connection was closed.
+    /// Answers lost on purpose: the API had answered, the client's connection was closed.
     pub(crate) cut: u64,
-    /// Requests the server could not be reached for (answered `502` to the client).
+    /// `2xx` answers in which no resource id was found.
+    pub(crate) without_id: u64,
+    /// Requests the API could not be reached for (answered `502` to the client).
     pub(crate) upstream_errors: u64,
 }
 
@@ -77,28 +99,72 @@ struct Counters {
     forwarded: AtomicU64,
     replayed: AtomicU64,
     cut: AtomicU64,
+    without_id: AtomicU64,
     upstream_errors: AtomicU64,
+}
+
+/// One intent as the proxy saw it.
+#[derive(Debug, Default)]
+struct IntentLog {
+    /// Attempts so far.
+    attempts: u32,
+    /// The distinct resource ids its `2xx` answers carried, in the order first seen.
+    ids: Vec<String>,
 }
 
 #[derive(Debug)]
 struct Shared {
-    upstream: SocketAddr,
+    upstream: Upstream,
     seed: u64,
     loss: f64,
-    client: Client<HttpConnector, Full<Bytes>>,
-    /// Attempts seen per intent. A std Mutex, not a Tokio one: it is held for one map update
-    /// and never across an await.
-    attempts: Mutex<HashMap<u64, u32>>,
+    /// Per intent. A std Mutex, not a Tokio one: it is held for one map update and never
+    /// across an await.
+    intents: Mutex<HashMap<u64, IntentLog>>,
     counters: Counters,
+    /// Why the first request the API could not be reached for failed, to say so at the end.
+    first_upstream_error: Mutex<Option<String>>,
 }
 
 impl Shared {
     fn next_attempt(&self, intent: u64) -> u32 {
-        let mut attempts = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
-        let n = attempts.entry(intent).or_insert(0);
-        *n += 1;
-        *n
+        let mut intents = self.intents.lock().unwrap_or_else(PoisonError::into_inner);
+        let log = intents.entry(intent).or_default();
+        log.attempts += 1;
+        log.attempts
     }
+
+    fn record_id(&self, intent: u64, id: String) {
+        let mut intents = self.intents.lock().unwrap_or_else(PoisonError::into_inner);
+        let ids = &mut intents.entry(intent).or_default().ids;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+
+    fn upstream_failed(&self, error: &reqwest::Error) {
+        let reason = error_chain(error);
+        tracing::warn!(error = %reason, "the fault injector cannot reach the API");
+        self.counters
+            .upstream_errors
+            .fetch_add(1, Ordering::Relaxed);
+        self.first_upstream_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(reason);
+    }
+}
+
+/// `error: cause: cause`, as `{:#}` prints an anyhow chain: reqwest's own message names only
+/// the URL, the reason (a refused certificate, say) is in its sources.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// A running fault injector; it stops (and drops every connection it holds) when dropped.
@@ -110,20 +176,18 @@ pub(crate) struct FaultProxy {
 }
 
 impl FaultProxy {
-    /// Listens on `127.0.0.1:0` and forwards to the server at `upstream`, losing answers with
-    /// probability `loss` by the fault schedule of `seed`.
-    pub(crate) async fn start(upstream: SocketAddr, seed: u64, loss: f64) -> std::io::Result<Self> {
+    /// Listens on `127.0.0.1:0` and forwards to `upstream`, losing answers with probability
+    /// `loss` by the fault schedule of `seed`.
+    pub(crate) async fn start(upstream: Upstream, seed: u64, loss: f64) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
         let shared = Arc::new(Shared {
             upstream,
             seed,
             loss,
-            client: Client::builder(TokioExecutor::new()).build(connector),
-            attempts: Mutex::new(HashMap::new()),
+            intents: Mutex::new(HashMap::new()),
             counters: Counters::default(),
+            first_upstream_error: Mutex::new(None),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Ok(Self {
@@ -145,8 +209,33 @@ impl FaultProxy {
             forwarded: c.forwarded.load(Ordering::Relaxed),
             replayed: c.replayed.load(Ordering::Relaxed),
             cut: c.cut.load(Ordering::Relaxed),
+            without_id: c.without_id.load(Ordering::Relaxed),
             upstream_errors: c.upstream_errors.load(Ordering::Relaxed),
         }
+    }
+
+    /// The distinct resource ids each intent's `2xx` answers carried, lost answers included;
+    /// an intent without any is absent.
+    pub(crate) fn ids_per_intent(&self) -> HashMap<u64, Vec<String>> {
+        let intents = self
+            .shared
+            .intents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        intents
+            .iter()
+            .filter(|(_, log)| !log.ids.is_empty())
+            .map(|(intent, log)| (*intent, log.ids.clone()))
+            .collect()
+    }
+
+    /// Why the first unreachable request failed, if one did.
+    pub(crate) fn first_upstream_error(&self) -> Option<String> {
+        self.shared
+            .first_upstream_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -183,7 +272,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
     };
     let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
     tokio::select! {
-        // Dropping the connection closes the socket with the server's answer unsent: the
+        // Dropping the connection closes the socket with the API's answer unsent: the
         // client reads end-of-stream where the response should be.
         () = cut.notified() => {}
         result = connection => {
@@ -208,47 +297,61 @@ async fn relay(
 
     let (mut parts, body) = request.into_parts();
     let Ok(body) = body.collect().await.map(|b| b.to_bytes()) else {
-        // The client went away mid-request; nothing reached the server.
+        // The client went away mid-request; nothing reached the API.
         return Ok(plain(StatusCode::BAD_REQUEST, "incomplete request body"));
     };
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    parts.uri = match Uri::try_from(format!("http://{}{path}", shared.upstream)) {
-        Ok(uri) => uri,
-        Err(_) => return Ok(plain(StatusCode::BAD_REQUEST, "unusable request target")),
-    };
+    let mut url = shared.upstream.origin.clone();
+    url.set_path(parts.uri.path());
+    url.set_query(parts.uri.query());
     strip_hop_by_hop(&mut parts.headers);
+    // The client addressed the proxy; the API is addressed by its own name (reqwest sets
+    // Host from the URL, and TLS verifies that same name).
+    parts.headers.remove(header::HOST);
+    parts.headers.remove(INTENT_HEADER);
 
-    let answered = match shared
+    let sent = shared
+        .upstream
         .client
-        .request(Request::from_parts(parts, Full::new(body)))
-        .await
-    {
+        .request(parts.method, url)
+        .headers(parts.headers)
+        .body(body)
+        .send()
+        .await;
+    let answered = match sent {
         Ok(response) => {
-            let (parts, body) = response.into_parts();
-            body.collect().await.map(|b| (parts, b.to_bytes())).ok()
+            let (status, headers) = (response.status(), response.headers().clone());
+            response.bytes().await.map(|body| (status, headers, body))
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "the fault injector cannot reach the server");
-            None
-        }
+        Err(e) => Err(e),
     };
-    let Some((mut parts, body)) = answered else {
-        shared
-            .counters
-            .upstream_errors
-            .fetch_add(1, Ordering::Relaxed);
-        return Ok(plain(StatusCode::BAD_GATEWAY, "the server did not answer"));
+    let (status, mut headers, body) = match answered {
+        Ok(answer) => answer,
+        Err(e) => {
+            shared.upstream_failed(&e);
+            return Ok(plain(StatusCode::BAD_GATEWAY, "the API did not answer"));
+        }
     };
 
-    // The whole answer is here, so the server has committed whatever it did.
+    // The whole answer is here, so the API has committed whatever it did.
     let counters = &shared.counters;
     counters.forwarded.fetch_add(1, Ordering::Relaxed);
-    if parts
-        .headers
+    if headers
         .get("idempotent-replayed")
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
     {
         counters.replayed.fetch_add(1, Ordering::Relaxed);
+    }
+    if status.is_success() {
+        match id_in(&body, &shared.upstream.id_field) {
+            Some(id) => {
+                if let Some(intent) = intent {
+                    shared.record_id(intent, id);
+                }
+            }
+            None => {
+                counters.without_id.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
     if let Some((intent, attempt)) = attempt
         && is_lost(shared.seed, intent, attempt, shared.loss)
@@ -258,8 +361,11 @@ async fn relay(
         // Never answer: the connection task drops this future along with the socket.
         return std::future::pending().await;
     }
-    strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, Full::new(body)))
+    strip_hop_by_hop(&mut headers);
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    Ok(response)
 }
 
 /// Removes the headers that describe one connection, not the message (RFC 9110 §7.6.1): each
