@@ -97,11 +97,12 @@ pub struct ProxyArgs {
     #[arg(long, default_value = "keep", value_parser = parse_outcome)]
     pub on_timeout: UnknownOutcome,
     /// What a duplicate gets while the first request with its key is at the upstream: `409`
-    /// at once, or `"wait 10s"` (ms, s or m) for the first one's outcome and its replay, then
-    /// 409. Every proxy sharing the store should say the same: one that answers 409 does
-    /// not tell the others when it stores an outcome.
-    #[arg(long, default_value = "409")]
-    pub in_flight: InFlight,
+    /// at once, or `"wait 10s"` (a duration as the configuration file writes it, at most 1m)
+    /// for the first one's outcome and its replay, then 409. Every proxy sharing the store
+    /// should say the same: one that answers 409 does not tell the others when it stores an
+    /// outcome [default: 409].
+    #[arg(long)]
+    pub in_flight: Option<InFlight>,
     /// How long the upstream may take, in seconds.
     #[arg(long, default_value_t = 30)]
     pub upstream_timeout_secs: u64,
@@ -151,6 +152,9 @@ impl ProxyArgs {
         }
         if let Some(secs) = self.retention_secs {
             defaults.retention = Duration::from_secs(secs);
+        }
+        if let Some(in_flight) = self.in_flight {
+            defaults.in_flight = in_flight;
         }
         Settings {
             listen: self
@@ -262,7 +266,6 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     config.forwarding = args.forward_key;
     config.on_5xx = args.on_5xx;
     config.on_timeout = args.on_timeout;
-    config.in_flight = args.in_flight;
     config.upstream_timeout = Duration::from_secs(args.upstream_timeout_secs);
     config.clock = Arc::new(idem_core::SystemClock);
     config.upstream_tls = args.upstream_tls.load()?;

@@ -65,7 +65,12 @@ fn check_config_prints_every_route_with_its_defaults() {
     }
     // Every route says every rule, its defaults filled in: the webhook routes inherit.
     assert_eq!(stdout.matches("retention = \"24h\"").count(), 4, "{stdout}");
-    assert_eq!(stdout.matches("in_flight = \"409\"").count(), 3, "{stdout}");
+    assert_eq!(
+        stdout.matches("in_flight = \"wait 5s\"").count(),
+        3,
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("in_flight = \"409\"").count(), 0, "{stdout}");
     // Nothing was started and no secret was made.
     assert!(!dir.path().join("idem-proxy.secret").exists());
 }
@@ -84,6 +89,8 @@ fn flags_override_the_files_top_level_values() {
             "60",
             "--errors",
             "stripe",
+            "--in-flight",
+            "409",
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -91,6 +98,46 @@ fn flags_override_the_files_top_level_values() {
     // The defaults and the three routes that do not set their own take the flags.
     assert_eq!(stdout.matches("retention = \"1m\"").count(), 4, "{stdout}");
     assert_eq!(stdout.matches("errors = \"stripe\"").count(), 4, "{stdout}");
+    // The two webhook routes and the defaults; the charges route keeps its own wait.
+    assert_eq!(stdout.matches("in_flight = \"409\"").count(), 3, "{stdout}");
+    assert_eq!(
+        stdout.matches("in_flight = \"wait 10s\"").count(),
+        1,
+        "{stdout}"
+    );
+}
+
+/// `--in-flight` reads waits as the file does, with the same longest wait.
+#[test]
+fn the_in_flight_flag_takes_the_files_waits_and_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "gateway.toml",
+        "upstream = \"http://127.0.0.1:1\"\n",
+    );
+    let check = |in_flight: &str| {
+        idem(
+            dir.path(),
+            &["proxy", "--check-config", &path, "--in-flight", in_flight],
+        )
+    };
+    let out = check("wait 1m");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("in_flight = \"wait 1m\""), "{stdout}");
+    for (refused, needle) in [
+        ("wait 2m", "waits at most 1m"),
+        ("wait 1h", "waits at most 1m"),
+        ("wait 0s", "not a duration"),
+        ("410", "expected \"409\""),
+    ] {
+        let out = check(refused);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{refused}: {stderr}");
+        assert!(stderr.contains("--in-flight"), "{refused}: {stderr}");
+        assert!(stderr.contains(needle), "{refused}: {stderr}");
+    }
 }
 
 #[test]
@@ -105,6 +152,7 @@ fn check_config_names_the_line_of_each_error() {
         ("[[route]]\nmatch = \"POST /a\"\nfingerprint = { ignore = [\"/a\"], only = [\"/b\"] }\n", 3, "not both"),
         ("[[route]]\nmatch = \"POST /a\"\nkey_header = [\"K-Key\"]\nkey_from = \"body:/id\"\n", 3, "cannot both"),
         ("[[route]]\nmatch = \"POST /a\"\nin_flight = \"wait forever\"\n", 3, "not a duration"),
+        ("store = \"sqlite://x.db\"\nin_flight = \"wait 2m\"\n", 2, "waits at most 1m"),
     ]
     .into_iter()
     .enumerate()

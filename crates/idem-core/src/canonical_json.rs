@@ -85,10 +85,11 @@ pub(crate) fn canonical_json_selected<P: AsRef<str>>(
     selection: Selection<'_, P>,
 ) -> Result<Vec<u8>, JsonError> {
     let mut value = parse(input)?;
-    match selection {
-        Selection::Ignore(pointers) => PointerTree::of(pointers)?.remove_from(&mut value),
-        Selection::Only(pointers) => PointerTree::of(pointers)?.keep_in(&mut value),
-    }
+    let (pointers, keep_selected) = match selection {
+        Selection::Ignore(pointers) => (pointers, false),
+        Selection::Only(pointers) => (pointers, true),
+    };
+    PointerTree::of(pointers)?.select(&mut value, keep_selected);
     let mut out = Vec::with_capacity(input.len());
     value.write(&mut out);
     Ok(out)
@@ -161,38 +162,20 @@ impl PointerTree {
             .map(|(_, tree)| tree)
     }
 
-    /// Removes the selected members from `value`.
-    fn remove_from(&self, value: &mut Value<'_>) {
-        self.retain(value, |tree, value| match tree {
-            Some(tree) if tree.whole => false,
+    /// Applies the selection to `value`: with `keep_selected` (`only`) the members no pointer
+    /// leads to go, without it (`ignore`) the members the pointers name go. Members on the way
+    /// to a named one are visited in turn; a scalar where a pointer leads deeper stays, since a
+    /// member that changed type is a different request.
+    fn select(&self, value: &mut Value<'_>, keep_selected: bool) {
+        let keep = |tree: Option<&PointerTree>, member: &mut Value<'_>| match tree {
+            Some(tree) if tree.whole => keep_selected,
             Some(tree) => {
-                tree.remove_from(value);
+                tree.select(member, keep_selected);
                 true
             }
-            None => true,
-        });
-    }
-
-    /// Removes every member of `value` that no pointer leads to. A scalar where a pointer
-    /// leads deeper stays: a member that changed type is a different request.
-    fn keep_in(&self, value: &mut Value<'_>) {
-        self.retain(value, |tree, value| match tree {
-            Some(tree) if tree.whole => true,
-            Some(tree) => {
-                tree.keep_in(value);
-                true
-            }
-            None => false,
-        });
-    }
-
-    /// Keeps the members (object members by name, array elements by index) of `value` for
-    /// which `keep` says so, given the subtree that names them.
-    fn retain(
-        &self,
-        value: &mut Value<'_>,
-        mut keep: impl FnMut(Option<&PointerTree>, &mut Value<'_>) -> bool,
-    ) {
+            None => !keep_selected,
+        };
+        // A pointer names an object member by its name, an array element by its index.
         match value {
             Value::Object(members) => {
                 members.retain_mut(|(name, member)| keep(self.child(name), member));

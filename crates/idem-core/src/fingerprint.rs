@@ -74,9 +74,7 @@ impl Fingerprint {
         parts: &RequestParts<'_>,
         pointers: &[P],
     ) -> Result<Self, JsonError> {
-        Self::compute_with(parts, |body| {
-            canonical_json_selected(body, Selection::Ignore(pointers))
-        })
+        Self::compute_selected(parts, Selection::Ignore(pointers))
     }
 
     /// Computes the fingerprint of a JSON body from only the members at `pointers` (and the
@@ -86,9 +84,7 @@ impl Fingerprint {
         parts: &RequestParts<'_>,
         pointers: &[P],
     ) -> Result<Self, JsonError> {
-        Self::compute_with(parts, |body| {
-            canonical_json_selected(body, Selection::Only(pointers))
-        })
+        Self::compute_selected(parts, Selection::Only(pointers))
     }
 
     /// Checks that `pointer` can select members for [`compute_ignoring`] and
@@ -99,6 +95,14 @@ impl Fingerprint {
     /// [`compute_only`]: Self::compute_only
     pub fn check_pointer(pointer: &str) -> Result<(), JsonError> {
         pointer_segments(pointer).map(drop)
+    }
+
+    /// The fingerprint of a JSON body with only the members `selection` covers.
+    fn compute_selected<P: AsRef<str>>(
+        parts: &RequestParts<'_>,
+        selection: Selection<'_, P>,
+    ) -> Result<Self, JsonError> {
+        Self::compute_with(parts, |body| canonical_json_selected(body, selection))
     }
 
     /// The fingerprint with a JSON body canonicalised by `canonicalise` (a generic, so the
@@ -184,15 +188,20 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{Map, Value};
 
-    fn parts<'a>(body: &'a [u8]) -> RequestParts<'a> {
+    /// A `POST /payments` of `body` as `content_type`.
+    fn typed<'a>(content_type: &'a str, body: &'a [u8]) -> RequestParts<'a> {
         RequestParts {
             account: "acct_a",
             method: "POST",
             route: "/payments",
             query: "",
-            content_type: "application/json",
+            content_type,
             body,
         }
+    }
+
+    fn parts(body: &[u8]) -> RequestParts<'_> {
+        typed("application/json", body)
     }
 
     fn fp(p: &RequestParts<'_>) -> Fingerprint {
@@ -201,36 +210,20 @@ mod tests {
 
     #[test]
     fn content_type_case_and_spacing_do_not_matter() {
-        let a = RequestParts {
-            content_type: "application/json; charset=utf-8",
-            ..parts(b"{}")
-        };
-        let b = RequestParts {
-            content_type: "Application/JSON;charset=UTF-8",
-            ..parts(b"{}")
-        };
-        assert_eq!(fp(&a), fp(&b));
+        assert_eq!(
+            fp(&typed("application/json; charset=utf-8", b"{}")),
+            fp(&typed("Application/JSON;charset=UTF-8", b"{}"))
+        );
     }
 
     #[test]
     fn non_json_bodies_count_byte_for_byte() {
-        let a = RequestParts {
-            content_type: "text/plain",
-            ..parts(b"{\"a\":1}")
-        };
-        let b = RequestParts {
-            content_type: "text/plain",
-            ..parts(b"{ \"a\":1}")
-        };
-        assert_ne!(fp(&a), fp(&b));
-        // ... and are never parsed, so invalid JSON is fine there.
-        assert!(
-            Fingerprint::compute(&RequestParts {
-                content_type: "text/plain",
-                ..parts(b"{")
-            })
-            .is_ok()
+        assert_ne!(
+            fp(&typed("text/plain", b"{\"a\":1}")),
+            fp(&typed("text/plain", b"{ \"a\":1}"))
         );
+        // ... and are never parsed, so invalid JSON is fine there.
+        assert!(Fingerprint::compute(&typed("text/plain", b"{")).is_ok());
     }
 
     /// A fingerprint made before selections existed: the plain path must keep producing it,
@@ -262,14 +255,10 @@ mod tests {
 
     #[test]
     fn selections_leave_other_bodies_alone() {
-        let text = |body: &'static [u8]| RequestParts {
-            content_type: "text/plain",
-            ..parts(body)
+        let ignoring_t = |body: &[u8]| {
+            Fingerprint::compute_ignoring(&typed("text/plain", body), &["/t"]).unwrap()
         };
-        assert_ne!(
-            Fingerprint::compute_ignoring(&text(br#"{"t":1}"#), &["/t"]).unwrap(),
-            Fingerprint::compute_ignoring(&text(br#"{"t":2}"#), &["/t"]).unwrap()
-        );
+        assert_ne!(ignoring_t(br#"{"t":1}"#), ignoring_t(br#"{"t":2}"#));
         assert!(Fingerprint::check_pointer("/metadata/trace_id").is_ok());
         assert!(Fingerprint::check_pointer("metadata").is_err());
     }
@@ -384,6 +373,38 @@ mod tests {
         }
     }
 
+    /// `value` with one of its leaves (chosen by `pick`) changed; it must have one.
+    fn one_leaf_changed(value: &Value, pick: usize) -> Value {
+        let mut changed = value.clone();
+        assert!(mutate(&mut changed, &mut (pick % count_leaves(value))));
+        changed
+    }
+
+    /// A selection's property. `body` makes a JSON body of a value the selection covers and
+    /// one it leaves out, and `selected` fingerprints a body with the selection: whatever is
+    /// left out never changes the fingerprint, and a change to any leaf of the covered value
+    /// (the one `pick` chooses) always does.
+    fn check_selection(
+        selected: impl Fn(&str) -> Fingerprint,
+        body: impl Fn(&Value, &Value) -> String,
+        (covered, pick): (&Value, usize),
+        left_out: &(Value, Value),
+    ) -> Result<(), TestCaseError> {
+        let fingerprint = |covered: &Value, left_out: &Value| selected(&body(covered, left_out));
+        prop_assert_eq!(
+            fingerprint(covered, &left_out.0),
+            fingerprint(covered, &left_out.1)
+        );
+        if count_leaves(covered) > 0 {
+            let changed = one_leaf_changed(covered, pick);
+            prop_assert_ne!(
+                fingerprint(covered, &left_out.0),
+                fingerprint(&changed, &left_out.0)
+            );
+        }
+        Ok(())
+    }
+
     proptest! {
         #[test]
         fn reordering_and_whitespace_never_change_it(value in json_value(), seed in any::<u64>()) {
@@ -395,53 +416,35 @@ mod tests {
 
         #[test]
         fn changing_any_value_always_changes_it(value in json_value(), pick in 0usize..64) {
-            let leaves = count_leaves(&value);
-            prop_assume!(leaves > 0);
-            let mut changed = value.clone();
-            prop_assert!(mutate(&mut changed, &mut (pick % leaves)));
+            prop_assume!(count_leaves(&value) > 0);
+            let changed = one_leaf_changed(&value, pick);
             prop_assert_ne!(
                 fp(&parts(value.to_string().as_bytes())),
                 fp(&parts(changed.to_string().as_bytes()))
             );
         }
 
+        /// `ignore`: an ignored member never changes it and any other always does; `only`:
+        /// only the selected members change it.
         #[test]
-        fn an_ignored_member_never_changes_it_and_any_other_always_does(
+        fn a_selection_covers_what_it_names_and_nothing_else(
             value in json_value(),
-            ignored in (json_value(), json_value()),
+            left_out in (json_value(), json_value()),
             pick in 0usize..64,
         ) {
             // "ig0" cannot be a generated name ([a-z]{1,4}), so it is the only ignored member.
-            let body = |v: &Value, ig: &Value| {
-                serde_json::json!({"kept": v, "ig0": ig, "deep": {"ig0": ig}}).to_string()
-            };
-            let ignoring = |b: &str| {
-                Fingerprint::compute_ignoring(&parts(b.as_bytes()), &["/ig0", "/deep/ig0"]).unwrap()
-            };
-            prop_assert_eq!(ignoring(&body(&value, &ignored.0)), ignoring(&body(&value, &ignored.1)));
-            let leaves = count_leaves(&value);
-            prop_assume!(leaves > 0);
-            let mut changed = value.clone();
-            prop_assert!(mutate(&mut changed, &mut (pick % leaves)));
-            prop_assert_ne!(ignoring(&body(&value, &ignored.0)), ignoring(&body(&changed, &ignored.0)));
-        }
-
-        #[test]
-        fn only_the_selected_members_change_it(
-            value in json_value(),
-            others in (json_value(), json_value()),
-            pick in 0usize..64,
-        ) {
-            let body = |v: &Value, other: &Value| {
-                serde_json::json!({"k0": v, "other": other}).to_string()
-            };
-            let only = |b: &str| Fingerprint::compute_only(&parts(b.as_bytes()), &["/k0"]).unwrap();
-            prop_assert_eq!(only(&body(&value, &others.0)), only(&body(&value, &others.1)));
-            let leaves = count_leaves(&value);
-            prop_assume!(leaves > 0);
-            let mut changed = value.clone();
-            prop_assert!(mutate(&mut changed, &mut (pick % leaves)));
-            prop_assert_ne!(only(&body(&value, &others.0)), only(&body(&changed, &others.0)));
+            check_selection(
+                |b| Fingerprint::compute_ignoring(&parts(b.as_bytes()), &["/ig0", "/deep/ig0"]).unwrap(),
+                |v, ig| serde_json::json!({"kept": v, "ig0": ig, "deep": {"ig0": ig}}).to_string(),
+                (&value, pick),
+                &left_out,
+            )?;
+            check_selection(
+                |b| Fingerprint::compute_only(&parts(b.as_bytes()), &["/k0"]).unwrap(),
+                |v, other| serde_json::json!({"k0": v, "other": other}).to_string(),
+                (&value, pick),
+                &left_out,
+            )?;
         }
 
         #[test]

@@ -14,6 +14,7 @@
 //! # Ok::<(), idem_gateway::ConfigError>(())
 //! ```
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::time::Duration;
@@ -138,30 +139,31 @@ pub struct Defaults {
     pub errors: Option<ErrorDialect>,
     /// `retention`.
     pub retention: Option<Duration>,
+    /// `in_flight`.
+    pub in_flight: Option<InFlight>,
 }
 
 impl Defaults {
     /// Overlays the values given on `rules`.
     pub fn apply(&self, rules: &mut RouteRules) {
-        overlay(&mut rules.key, &self.key);
-        overlay(&mut rules.scope_headers, &self.scope_headers);
-        overlay(&mut rules.store_headers, &self.store_headers);
-        overlay(&mut rules.errors, &self.errors);
-        overlay(&mut rules.retention, &self.retention);
+        // The top level sets no key source and no fingerprint.
+        let given = Overrides {
+            key: self.key,
+            scope_headers: self.scope_headers.clone(),
+            store_headers: self.store_headers.clone(),
+            errors: self.errors,
+            retention: self.retention,
+            in_flight: self.in_flight,
+            ..Overrides::default()
+        };
+        given.apply(rules);
     }
 }
 
-fn overlay<T: Clone>(value: &mut T, given: &Option<T>) {
-    if let Some(given) = given {
-        *value = given.clone();
-    }
-}
-
-/// A route's rules as written: each `None` is inherited from the defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct RouteDraft {
-    pattern: RoutePattern,
-    line: usize,
+/// Rules as the file writes them, at the top level or in a route: each `None` leaves the rule
+/// as it was.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Overrides {
     key: Option<KeyRule>,
     key_from: Option<KeyFrom>,
     scope_headers: Option<Vec<HeaderName>>,
@@ -170,6 +172,33 @@ struct RouteDraft {
     store_headers: Option<Vec<HeaderName>>,
     errors: Option<ErrorDialect>,
     retention: Option<Duration>,
+}
+
+impl Overrides {
+    /// Overlays the rules given on `rules`.
+    fn apply(&self, rules: &mut RouteRules) {
+        fn overlay<T: Clone>(value: &mut T, given: &Option<T>) {
+            if let Some(given) = given {
+                *value = given.clone();
+            }
+        }
+        overlay(&mut rules.key, &self.key);
+        overlay(&mut rules.key_from, &self.key_from);
+        overlay(&mut rules.scope_headers, &self.scope_headers);
+        overlay(&mut rules.fingerprint, &self.fingerprint);
+        overlay(&mut rules.in_flight, &self.in_flight);
+        overlay(&mut rules.store_headers, &self.store_headers);
+        overlay(&mut rules.errors, &self.errors);
+        overlay(&mut rules.retention, &self.retention);
+    }
+}
+
+/// A route as written: its rules inherit from the defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RouteDraft {
+    pattern: RoutePattern,
+    line: usize,
+    rules: Overrides,
 }
 
 /// A parsed and validated configuration file.
@@ -213,6 +242,7 @@ impl ConfigFile {
                 errors: raw.errors.map(Into::into),
                 retention: spanned(raw.retention, |s| parse_duration(&s))
                     .map_err(|(s, m)| at(s, m))?,
+                in_flight: parse_in_flight(raw.in_flight).map_err(|(s, m)| at(s, m))?,
             },
             routes: Vec::with_capacity(raw.route.len()),
         };
@@ -252,14 +282,7 @@ impl ConfigFile {
             .iter()
             .map(|draft| {
                 let mut rules = defaults.clone();
-                overlay(&mut rules.key, &draft.key);
-                overlay(&mut rules.key_from, &draft.key_from);
-                overlay(&mut rules.scope_headers, &draft.scope_headers);
-                overlay(&mut rules.fingerprint, &draft.fingerprint);
-                overlay(&mut rules.in_flight, &draft.in_flight);
-                overlay(&mut rules.store_headers, &draft.store_headers);
-                overlay(&mut rules.errors, &draft.errors);
-                overlay(&mut rules.retention, &draft.retention);
+                draft.rules.apply(&mut rules);
                 Route {
                     pattern: draft.pattern.clone(),
                     rules,
@@ -282,16 +305,23 @@ fn line_of(text: &str, offset: usize) -> usize {
 type Located = (Range<usize>, String);
 
 /// Validates an optional spanned value, keeping its span for the error.
-fn spanned<T>(
+fn spanned<T, E: fmt::Display>(
     value: Option<Spanned<String>>,
-    parse: impl FnOnce(String) -> Result<T, String>,
+    parse: impl FnOnce(String) -> Result<T, E>,
 ) -> Result<Option<T>, Located> {
     value
         .map(|v| {
             let span = v.span();
-            parse(v.into_inner()).map_err(|m| (span, m))
+            parse(v.into_inner()).map_err(|e| (span, e.to_string()))
         })
         .transpose()
+}
+
+/// A route's or the top level's `in_flight`, its error naming the key.
+fn parse_in_flight(value: Option<Spanned<String>>) -> Result<Option<InFlight>, Located> {
+    spanned(value, |s| {
+        s.parse::<InFlight>().map_err(|e| format!("in_flight: {e}"))
+    })
 }
 
 fn header_list(names: Option<Vec<Spanned<String>>>) -> Result<Option<Vec<HeaderName>>, Located> {
@@ -319,9 +349,18 @@ fn parse_upstream(s: &str) -> Result<Uri, String> {
     }
 }
 
-/// `500ms`, `10s`, `30m`, `24h`, `7d`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?} is not a duration (such as 500ms, 10s, 30m, 24h or 7d)");
+/// A text that is not a duration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a duration (a whole number above zero and ms, s, m, h or d, such as 500ms, 10s, 30m, 24h or 7d)"
+)]
+pub(crate) struct DurationError(String);
+
+/// `500ms`, `10s`, `30m`, `24h`, `7d`: every duration the gateway reads, from the file
+/// (`retention`, an `in_flight` wait) or a flag (`--in-flight`). Zero is refused: a retention
+/// of nothing stores nothing, and a wait of nothing is a `409` that pretends otherwise.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    let bad = || DurationError(s.to_owned());
     let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (number, unit) = s.split_at(split);
     let n: u64 = number.parse().map_err(|_| bad())?;
@@ -337,16 +376,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         .map(Duration::from_millis)
         .filter(|d| !d.is_zero())
         .ok_or_else(bad)
-}
-
-fn parse_in_flight(s: &str) -> Result<InFlight, String> {
-    match s.strip_prefix("wait ") {
-        _ if s == "409" => Ok(InFlight::Refuse),
-        Some(duration) => parse_duration(duration.trim()).map(InFlight::Wait),
-        None => Err(format!(
-            "in_flight {s:?}: expected \"409\" or \"wait DURATION\" (such as \"wait 10s\")"
-        )),
-    }
 }
 
 fn parse_key_from(s: &str) -> Result<KeyFrom, String> {
@@ -376,6 +405,7 @@ struct RawFile {
     store_headers: Option<Vec<Spanned<String>>>,
     errors: Option<Dialect>,
     retention: Option<Spanned<String>>,
+    in_flight: Option<Spanned<String>>,
     #[serde(default)]
     route: Vec<RawRoute>,
 }
@@ -447,17 +477,20 @@ impl RawRoute {
             (Some((_, names)), None) => Some(KeyFrom::Headers(names)),
             (None, key_from) => spanned(key_from, |s| parse_key_from(&s))?,
         };
-        Ok(RouteDraft {
-            pattern,
-            line: line_of(text, match_span.start),
+        let rules = Overrides {
             key: self.key,
             key_from,
             scope_headers: header_list(self.scope_headers)?,
             fingerprint: self.fingerprint.map(RawFingerprint::validate).transpose()?,
-            in_flight: spanned(self.in_flight, |s| parse_in_flight(&s))?,
+            in_flight: parse_in_flight(self.in_flight)?,
             store_headers: header_list(self.store_headers)?,
             errors: self.errors.map(Into::into),
             retention: spanned(self.retention, |s| parse_duration(&s))?,
+        };
+        Ok(RouteDraft {
+            pattern,
+            line: line_of(text, match_span.start),
+            rules,
         })
     }
 }
@@ -498,8 +531,8 @@ impl RawFingerprint {
     }
 }
 
-/// A duration as the file writes it: the largest unit up to hours that divides it (`24h`
-/// reads better than `1d`).
+/// A duration as the gateway writes it, in the form [`parse_duration`] reads: the largest unit
+/// up to hours that divides it (`24h` reads better than `1d`).
 pub(crate) fn display_duration(d: Duration) -> String {
     let ms = d.as_millis();
     for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
@@ -641,7 +674,7 @@ mod tests {
         let routes = file.routes(&defaults);
         assert_eq!(routes.len(), 4);
         let charges = &routes[0].rules;
-        assert_eq!(routes[0].line, 8);
+        assert_eq!(routes[0].line, 9);
         assert_eq!(
             charges.key_from,
             KeyFrom::Headers(vec![
@@ -663,36 +696,11 @@ mod tests {
         assert_eq!(routes[3].rules.key, KeyRule::Off);
         // Inherited from the defaults.
         assert_eq!(routes[1].rules.retention, Duration::from_secs(86_400));
-        assert_eq!(routes[1].rules.in_flight, InFlight::Refuse);
+        assert_eq!(
+            routes[1].rules.in_flight,
+            InFlight::Wait(Duration::from_secs(5))
+        );
         assert_eq!(routes[1].rules.errors, ErrorDialect::Problem);
-    }
-
-    #[test]
-    fn in_flight_is_409_or_a_wait() {
-        assert_eq!(parse_in_flight("409"), Ok(InFlight::Refuse));
-        assert_eq!(
-            parse_in_flight("wait 10s"),
-            Ok(InFlight::Wait(Duration::from_secs(10)))
-        );
-        assert_eq!(
-            parse_in_flight("wait 1500ms"),
-            Ok(InFlight::Wait(Duration::from_millis(1500)))
-        );
-        for bad in [
-            "410",
-            "wait",
-            "wait 10",
-            "wait ten seconds",
-            "sleep 1s",
-            "wait 0s",
-        ] {
-            assert!(parse_in_flight(bad).is_err(), "{bad}");
-        }
-        assert_eq!(
-            InFlight::Wait(Duration::from_secs(10)).to_string(),
-            "wait 10s"
-        );
-        assert_eq!(InFlight::Refuse.to_string(), "409");
     }
 
     #[test]
@@ -750,16 +758,6 @@ mod tests {
             ),
             ("retention = \"forever\"\n", 1, "not a duration"),
             (
-                "[[route]]\nmatch = \"POST /a\"\nin_flight = \"wait 1y\"\n",
-                3,
-                "not a duration",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nin_flight = \"410\"\n",
-                3,
-                "expected \"409\"",
-            ),
-            (
                 "[[route]]\nmatch = \"POST /a\"\nfingerprint = { ignore = [\"/ok\", \"trace\"] }\n",
                 3,
                 "JSON pointer",
@@ -809,6 +807,68 @@ mod tests {
             assert_eq!(e.line, *line, "{text:?}: {e}");
             assert!(e.message.contains(needle), "{text:?}: {e} lacks {needle:?}");
         }
+    }
+
+    /// A bad `in_flight`, at the top level or in a route, names its line.
+    #[test]
+    fn in_flight_errors_name_their_line() {
+        for (in_flight, needle) in [
+            ("410", "in_flight: expected \"409\""),
+            ("wait", "in_flight: expected \"409\""),
+            ("wait 1y", "not a duration"),
+            ("wait 0ms", "not a duration"),
+            ("wait 2m", "waits at most 1m"),
+            ("wait 1h", "waits at most 1m"),
+        ] {
+            let top = error(&format!(
+                "upstream = \"http://a:1\"\n\nin_flight = \"{in_flight}\"\n"
+            ));
+            let route = error(&format!(
+                "[[route]]\nmatch = \"POST /a\"\n\n\nin_flight = \"{in_flight}\"\n"
+            ));
+            for (e, line) in [(top, 3), (route, 5)] {
+                assert_eq!(e.line, line, "{in_flight:?}: {e}");
+                assert!(
+                    e.message.contains(needle),
+                    "{in_flight:?}: {e} lacks {needle:?}"
+                );
+            }
+        }
+    }
+
+    /// A route without `in_flight` takes the top level's; one with its own keeps it.
+    #[test]
+    fn routes_inherit_the_top_level_in_flight() {
+        let file = ConfigFile::parse(
+            "in_flight = \"wait 5s\"\n[[route]]\nmatch = \"POST /a\"\n[[route]]\nmatch = \"POST /b\"\nin_flight = \"409\"\n[[route]]\nmatch = \"POST /c\"\nin_flight = \"wait 250ms\"\n",
+        )
+        .unwrap();
+        let wait = InFlight::Wait(Duration::from_secs(5));
+        assert_eq!(file.defaults.in_flight, Some(wait));
+        let mut defaults = RouteRules::default();
+        file.defaults.apply(&mut defaults);
+        assert_eq!(
+            defaults.in_flight, wait,
+            "requests no route matches wait too"
+        );
+        let in_flight: Vec<InFlight> = file
+            .routes(&defaults)
+            .iter()
+            .map(|route| route.rules.in_flight)
+            .collect();
+        assert_eq!(
+            in_flight,
+            [
+                wait,
+                InFlight::Refuse,
+                InFlight::Wait(Duration::from_millis(250))
+            ]
+        );
+        assert_eq!(
+            ConfigFile::parse("").unwrap().defaults.in_flight,
+            None,
+            "without it the defaults are left as they were"
+        );
     }
 
     #[test]

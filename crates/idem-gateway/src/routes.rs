@@ -3,14 +3,12 @@
 
 use std::convert::Infallible;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
 use http::{Method, Request, Response};
-use tower::util::BoxCloneSyncService;
+use tower::util::{BoxCloneSyncService, Oneshot};
 use tower::{Service, ServiceExt};
 
 /// A route's `match`: a method and a path whose `{name}` segments match any one segment and
@@ -161,7 +159,8 @@ pub(crate) struct Dispatch {
 impl Service<Request<Body>> for Dispatch {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+    /// The chosen route's own call, unboxed.
+    type Future = Oneshot<RouteService, Request<Body>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // Each request is sent to a clone of its route's service, made ready by `oneshot`.
@@ -175,7 +174,7 @@ impl Service<Request<Body>> for Dispatch {
             .find(|(pattern, _)| pattern.matches(request.method(), request.uri().path()))
             .map_or(&self.fallback, |(_, service)| service)
             .clone();
-        Box::pin(service.oneshot(request))
+        service.oneshot(request)
     }
 }
 
@@ -216,29 +215,11 @@ mod tests {
 
     #[test]
     fn bad_patterns_say_why() {
-        assert!(matches!(
-            RoutePattern::parse("POST"),
-            Err(RouteError::Shape(_))
-        ));
-        assert!(matches!(
-            RoutePattern::parse("post /a"),
-            Err(RouteError::Method(_))
-        ));
-        assert!(matches!(
-            RoutePattern::parse("POST a"),
-            Err(RouteError::Path(_))
-        ));
-        assert!(matches!(
-            RoutePattern::parse("POST /a/*/b"),
-            Err(RouteError::Path(_))
-        ));
-        assert!(matches!(
-            RoutePattern::parse("POST /a/{}"),
-            Err(RouteError::Path(_))
-        ));
-        assert!(matches!(
-            RoutePattern::parse("POST /a{b}"),
-            Err(RouteError::Path(_))
-        ));
+        let refused = |text: &str| RoutePattern::parse(text).unwrap_err();
+        assert_eq!(refused("POST"), RouteError::Shape("POST".into()));
+        assert_eq!(refused("post /a"), RouteError::Method("post /a".into()));
+        for path in ["POST a", "POST /a/*/b", "POST /a/{}", "POST /a{b}"] {
+            assert_eq!(refused(path), RouteError::Path(path.into()), "{path}");
+        }
     }
 }

@@ -10,6 +10,8 @@ use std::time::Duration;
 use idem_store::OutcomeChannel;
 use idem_tower::OutcomeSignal;
 
+use crate::config::{DurationError, display_duration, parse_duration};
+
 /// What a duplicate gets while the first request with its key is still at the upstream
 /// (`in_flight = "409"` or `"wait 10s"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,43 +29,54 @@ pub enum InFlight {
 
 /// Why a text is not an [`InFlight`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "expected 409 or \"wait DURATION\" with a whole number of ms, s or m above zero (such as \"wait 10s\"), not {0:?}"
-)]
-pub struct InFlightError(String);
+#[error(transparent)]
+pub struct InFlightError(Refusal);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Refusal {
+    /// Neither `409` nor `wait` and one word.
+    #[error("expected \"409\" or \"wait DURATION\" (such as \"wait 10s\"), not {0:?}")]
+    Shape(String),
+    /// `wait` and a word that is not a duration.
+    #[error(transparent)]
+    Duration(#[from] DurationError),
+    #[error(
+        "wait {}: a duplicate waits at most {} (it holds its connection while it waits)",
+        display_duration(*.0),
+        display_duration(InFlight::MAX_WAIT)
+    )]
+    /// A wait past [`InFlight::MAX_WAIT`].
+    TooLong(Duration),
+}
 
 impl FromStr for InFlight {
     type Err = InFlightError;
 
-    /// `409`, or `wait` and a duration: `wait 500ms`, `wait 10s`, `wait 2m`.
+    /// `409`, or `wait` and a duration of the gateway's (`wait 500ms`, `wait 10s`, `wait 1m`)
+    /// up to [`InFlight::MAX_WAIT`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let refused = || InFlightError(s.to_owned());
         let mut words = s.split_whitespace();
         match (words.next(), words.next(), words.next()) {
             (Some("409"), None, None) => Ok(InFlight::Refuse),
             (Some("wait"), Some(duration), None) => {
-                let digits = duration
-                    .find(|c: char| !c.is_ascii_digit())
-                    .ok_or_else(refused)?;
-                let amount: u64 = duration[..digits].parse().map_err(|_| refused())?;
-                let wait = match &duration[digits..] {
-                    "ms" => Duration::from_millis(amount),
-                    "s" => Duration::from_secs(amount),
-                    "m" => Duration::from_secs(amount.checked_mul(60).ok_or_else(refused)?),
-                    _ => return Err(refused()),
-                };
-                // A wait of nothing is a 409 that pretends otherwise.
-                if wait.is_zero() {
-                    return Err(refused());
+                let wait = parse_duration(duration).map_err(|e| InFlightError(e.into()))?;
+                if wait > Self::MAX_WAIT {
+                    return Err(InFlightError(Refusal::TooLong(wait)));
                 }
                 Ok(InFlight::Wait(wait))
             }
-            _ => Err(refused()),
+            _ => Err(InFlightError(Refusal::Shape(s.to_owned()))),
         }
     }
 }
 
 impl InFlight {
+    /// The longest wait: how long a claim is held with the gateway's defaults (the 30 s lease
+    /// plus the 30 s upstream timeout). A waiting duplicate holds its connection, and once the
+    /// original's claim has run out nothing is left to wake it: a longer wait would only hold
+    /// the connection longer for the same `409`.
+    pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
     /// How the published policy puts a wait; `None` for [`InFlight::Refuse`], which the
     /// policy's own `in_flight` text already says.
     pub(crate) fn published(self) -> Option<String> {
@@ -71,7 +84,7 @@ impl InFlight {
             InFlight::Refuse => None,
             InFlight::Wait(wait) => Some(format!(
                 "the duplicate waits up to {} for the original's outcome, then replays it; past the wait 409 application/problem+json with Retry-After",
-                DurationText(wait)
+                display_duration(wait)
             )),
         }
     }
@@ -82,23 +95,7 @@ impl fmt::Display for InFlight {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             InFlight::Refuse => f.write_str("409"),
-            InFlight::Wait(wait) => write!(f, "wait {}", DurationText(*wait)),
-        }
-    }
-}
-
-/// A duration as `wait` takes it, in the largest unit that is exact (to the millisecond).
-struct DurationText(Duration);
-
-impl fmt::Display for DurationText {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = self.0.as_millis();
-        if ms.is_multiple_of(60_000) {
-            write!(f, "{}m", ms / 60_000)
-        } else if ms.is_multiple_of(1000) {
-            write!(f, "{}s", ms / 1000)
-        } else {
-            write!(f, "{ms}ms")
+            InFlight::Wait(wait) => write!(f, "wait {}", display_duration(*wait)),
         }
     }
 }
@@ -134,9 +131,12 @@ pub async fn outcome_signal<St: OutcomeChannel>(
 mod tests {
     use super::*;
 
+    fn read(s: &str) -> Result<InFlight, InFlightError> {
+        s.parse()
+    }
+
     #[test]
     fn in_flight_reads_409_and_waits() {
-        let read = |s: &str| s.parse::<InFlight>();
         assert_eq!(read("409"), Ok(InFlight::Refuse));
         assert_eq!(
             read("wait 10s"),
@@ -146,24 +146,43 @@ mod tests {
             read(" wait   250ms "),
             Ok(InFlight::Wait(Duration::from_millis(250)))
         );
-        assert_eq!(
-            read("wait 2m"),
-            Ok(InFlight::Wait(Duration::from_secs(120)))
-        );
+        assert_eq!(read("wait 1m"), Ok(InFlight::Wait(InFlight::MAX_WAIT)));
+        for bad in ["", "410", "wait", "wait 10 s", "409 wait 1s", "sleep 1s"] {
+            assert_eq!(
+                read(bad),
+                Err(InFlightError(Refusal::Shape(bad.to_owned()))),
+                "{bad:?}"
+            );
+        }
+        // The durations of the file: a whole number above zero and a unit.
         for bad in [
-            "",
-            "410",
-            "wait",
             "wait 0s",
             "wait 10",
             "wait s",
             "wait -1s",
             "wait 1.5s",
-            "wait 10 s",
-            "wait 10h",
-            "409 wait 1s",
+            "wait ten",
         ] {
-            assert_eq!(read(bad), Err(InFlightError(bad.to_owned())), "{bad:?}");
+            assert!(
+                matches!(read(bad), Err(InFlightError(Refusal::Duration(_)))),
+                "{bad:?}: {:?}",
+                read(bad)
+            );
+        }
+    }
+
+    /// The flag and the file read one parser, so they refuse the same waits: the units past
+    /// minutes are durations, but no wait may be that long.
+    #[test]
+    fn a_wait_past_the_longest_is_refused() {
+        for duration in ["61s", "60001ms", "2m", "1h", "1d"] {
+            let wait = parse_duration(duration).unwrap();
+            let refused = read(&format!("wait {duration}")).unwrap_err();
+            assert_eq!(refused, InFlightError(Refusal::TooLong(wait)), "{duration}");
+            assert!(
+                refused.to_string().contains("waits at most 1m"),
+                "{duration}: {refused}"
+            );
         }
     }
 
@@ -173,11 +192,11 @@ mod tests {
             "409",
             "wait 250ms",
             "wait 10s",
-            "wait 2m",
-            "wait 90s",
+            "wait 1m",
+            "wait 45s",
             "wait 1500ms",
         ] {
-            assert_eq!(text.parse::<InFlight>().unwrap().to_string(), text);
+            assert_eq!(read(text).unwrap().to_string(), text);
         }
         assert_eq!(InFlight::default(), InFlight::Refuse);
     }

@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use idem_core::{FencingToken, RecordState, Scope, StoredResponse, Timestamp};
-use idem_gateway::{GatewayConfig, InFlight, Secret};
+use idem_gateway::InFlight;
 use idem_store::{ClaimOutcome, NewClaim, OutcomeChannel, Store};
 use idem_tower::OutcomeSignal;
 use tokio::net::TcpListener;
@@ -155,26 +155,14 @@ impl Harness {
         in_flight: InFlight,
         signal: OutcomeSignal,
     ) -> String {
-        let mut config = GatewayConfig::new(
-            format!("http://{}", self.upstream).parse().unwrap(),
-            Secret::new(b"test-secret-0123456789".to_vec()).unwrap(),
-        )
-        .expect("the platform's roots");
+        let mut config = common::config(self.upstream);
         config.in_flight = in_flight;
         config.outcome_signal = signal;
         let store = Watched {
             inner: store,
             waiting: self.waiting_tx.clone(),
         };
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(idem_gateway::serve(
-            listener,
-            store,
-            config,
-            std::future::pending(),
-        ));
-        url
+        common::serve(store, config).await
     }
 
     /// A gateway on `store` whose duplicates wait up to `wait`, woken by the store's signal.
@@ -186,12 +174,13 @@ impl Harness {
     }
 
     fn post(&self, gateway: &str, key: &str) -> reqwest::RequestBuilder {
-        self.client
-            .post(format!("{gateway}/charges"))
-            .header("authorization", "Bearer sk_alice")
-            .header("content-type", "application/json")
-            .header("idempotency-key", key)
-            .body(r#"{"amount": 1000, "currency": "EUR"}"#)
+        common::json_post(
+            &self.client,
+            format!("{gateway}/charges"),
+            "Bearer sk_alice",
+            &[("idempotency-key", key)],
+            r#"{"amount": 1000, "currency": "EUR"}"#,
+        )
     }
 
     /// The release of the request the upstream holds next.

@@ -16,7 +16,7 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use futures_util::future::join_all;
 use idem_core::{ManualClock, Timestamp};
-use idem_gateway::{GatewayConfig, KeyForwarding, Secret};
+use idem_gateway::{GatewayConfig, KeyForwarding};
 use idem_store::Store;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -107,16 +107,9 @@ impl Proxy {
         key: Option<&str>,
         body: &str,
     ) -> reqwest::RequestBuilder {
-        let mut req = self
-            .client
-            .post(format!("{}{path}", self.url))
-            .header("authorization", credential)
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        if let Some(key) = key {
-            req = req.header("idempotency-key", key);
-        }
-        req
+        let key = key.map(|key| ("idempotency-key", key));
+        let url = format!("{}{path}", self.url);
+        common::json_post(&self.client, url, credential, key.as_slice(), body)
     }
 
     fn charges(&self) -> usize {
@@ -139,23 +132,11 @@ async fn start_proxy_to<St: Store>(
     adjust: impl FnOnce(&mut GatewayConfig),
 ) -> Proxy {
     let clock = ManualClock::new(Timestamp(1_800_000_000_000));
-    let mut config = GatewayConfig::new(
-        format!("http://{upstream_addr}").parse().unwrap(),
-        Secret::new(b"test-secret-0123456789".to_vec()).unwrap(),
-    )
-    .expect("the platform's roots");
+    let mut config = common::config(upstream_addr);
     config.clock = Arc::new(clock.clone());
     adjust(&mut config);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(idem_gateway::serve(
-        listener,
-        store,
-        config,
-        std::future::pending(),
-    ));
     Proxy {
-        url,
+        url: common::serve(store, config).await,
         upstream,
         upstream_addr,
         clock,
@@ -337,12 +318,8 @@ async fn the_published_policy_says_how_long_a_claim_is_held<St: Store>(store: St
     assert_eq!(policy["lease_seconds"], 20);
     assert_eq!(policy["upstream_timeout_seconds"], 7);
     assert_eq!(policy["claim_held_seconds"], 27);
-    assert!(
-        policy["after_upstream_timeout"]
-            .as_str()
-            .unwrap()
-            .starts_with("504")
-    );
+    let after_timeout = policy["after_upstream_timeout"].as_str().unwrap();
+    assert!(after_timeout.starts_with("504"), "{after_timeout}");
     assert_eq!(
         proxy.charges(),
         0,
@@ -549,49 +526,29 @@ async fn require_auth_refuses_requests_without_a_credential<St: Store>(store: St
     let _ = proxy.upstream_addr;
 }
 
-macro_rules! proxy_tests {
-    ($store:ident, $make:expr) => {
-        mod $store {
-            use super::*;
-            proxy_tests!(@each $make;
-                twenty_concurrent_copies_make_one_upstream_charge,
-                a_hundred_keys_times_four_shuffled_copies_make_a_hundred_charges,
-                a_changed_body_is_422_and_the_original_still_replays,
-                the_stripe_dialect_adds_an_error_member_to_idem_refusals,
-                another_credential_is_a_new_request,
-                scope_headers_keep_connected_accounts_apart,
-                the_published_policy_says_how_long_a_claim_is_held,
-                gets_pass_through_and_a_key_on_get_is_ignored,
-                a_missing_key_is_400_and_the_upstream_never_sees_it,
-                keys_optional_passes_keyless_requests_through,
-                the_upstream_down_gives_502_and_the_key_runs_once_when_it_is_back,
-                a_duplicate_during_the_original_gets_409_with_retry_after,
-                the_sf_string_form_and_any_header_case_work,
-                a_5xx_is_stored_and_replayed_by_default,
-                the_key_is_forwarded_as_sent_or_derived,
-                hop_by_hop_headers_are_not_forwarded,
-                the_upstream_is_told_who_called,
-                a_timeout_keeps_the_key_until_its_lease_ends_then_retries_upstream,
-                require_auth_refuses_requests_without_a_credential,
-            );
-        }
-    };
-    (@each $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                super::$name(store).await;
-            }
-        )*
-    };
-}
+use common::{Answer, send, sqlite_store};
 
-use common::{Answer, postgres_store, redis_store, send, sqlite_store};
-
-proxy_tests!(sqlite, sqlite_store());
-proxy_tests!(postgres, postgres_store());
-proxy_tests!(redis, redis_store());
+on_every_store!(
+    twenty_concurrent_copies_make_one_upstream_charge,
+    a_hundred_keys_times_four_shuffled_copies_make_a_hundred_charges,
+    a_changed_body_is_422_and_the_original_still_replays,
+    the_stripe_dialect_adds_an_error_member_to_idem_refusals,
+    another_credential_is_a_new_request,
+    scope_headers_keep_connected_accounts_apart,
+    the_published_policy_says_how_long_a_claim_is_held,
+    gets_pass_through_and_a_key_on_get_is_ignored,
+    a_missing_key_is_400_and_the_upstream_never_sees_it,
+    keys_optional_passes_keyless_requests_through,
+    the_upstream_down_gives_502_and_the_key_runs_once_when_it_is_back,
+    a_duplicate_during_the_original_gets_409_with_retry_after,
+    the_sf_string_form_and_any_header_case_work,
+    a_5xx_is_stored_and_replayed_by_default,
+    the_key_is_forwarded_as_sent_or_derived,
+    hop_by_hop_headers_are_not_forwarded,
+    the_upstream_is_told_who_called,
+    a_timeout_keeps_the_key_until_its_lease_ends_then_retries_upstream,
+    require_auth_refuses_requests_without_a_credential,
+);
 
 /// A client that sends half a request head, or nothing, loses its connection after
 /// `head_timeout` instead of holding it forever (a slowloris); the proxy goes on serving.
@@ -599,19 +556,11 @@ proxy_tests!(redis, redis_store());
 async fn a_request_head_that_never_completes_is_closed() {
     let (store, _dir) = sqlite_store().await;
     let proxy = start_proxy(store, |c| c.head_timeout = Duration::from_millis(300)).await;
-    let addr = proxy.url.trim_start_matches("http://").to_owned();
-    for partial in [
-        &b"POST /charges HTTP/1.1\r\nHost: x\r\nIdempot"[..],
-        &b""[..],
-    ] {
-        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        socket.write_all(partial).await.unwrap();
-        let mut rest = Vec::new();
-        // EOF or a reset: either way the proxy ended it, well before the test's own limit.
-        let _ended = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut rest))
-            .await
-            .expect("closed by the proxy, not left hanging");
-    }
+    idem_testkit::assert_unfinished_heads_are_closed(
+        proxy.url.trim_start_matches("http://"),
+        "/charges",
+    )
+    .await;
     let answer = send(proxy.post("/charges", ALICE, Some("after-slow-0001"), BODY)).await;
     assert_eq!(answer.status, 201, "{}", answer.body);
     assert_eq!(proxy.charges(), 1);

@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::IntoResponse;
 use idem_core::{ManualClock, Timestamp};
-use idem_gateway::{ConfigFile, GatewayConfig, Secret};
+use idem_gateway::ConfigFile;
 use idem_store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore};
@@ -81,33 +81,20 @@ struct Gateway {
 async fn start<St: Store>(store: St, toml: &str) -> Gateway {
     let upstream = Upstream::default();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_url = format!("http://{}", listener.local_addr().unwrap());
+    let upstream_addr = listener.local_addr().unwrap();
     let app = Router::new().fallback(answer).with_state(upstream.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     let file = ConfigFile::parse(toml).expect("a valid file");
     let clock = ManualClock::new(Timestamp(1_800_000_000_000));
-    let mut config = GatewayConfig::new(
-        upstream_url.parse().unwrap(),
-        Secret::new(b"test-secret-0123456789".to_vec()).unwrap(),
-    )
-    .unwrap();
+    let mut config = common::config(upstream_addr);
     config.clock = Arc::new(clock.clone());
     let mut defaults = config.default_rules();
     file.defaults.apply(&mut defaults);
     config.set_default_rules(&defaults);
     config.routes = file.routes(&defaults);
-
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(idem_gateway::serve(
-        listener,
-        store,
-        config,
-        std::future::pending(),
-    ));
     Gateway {
-        url,
+        url: common::serve(store, config).await,
         upstream,
         clock,
         client: reqwest::Client::new(),
@@ -117,16 +104,8 @@ async fn start<St: Store>(store: St, toml: &str) -> Gateway {
 impl Gateway {
     /// POSTs `body` to `path` as Alice, with `headers`.
     async fn post(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Answer {
-        let mut request = self
-            .client
-            .post(format!("{}{path}", self.url))
-            .header("authorization", "Bearer sk_alice")
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        send(request).await
+        let url = format!("{}{path}", self.url);
+        send(common::json_post(&self.client, url, ALICE, headers, body)).await
     }
 
     fn calls(&self, path: &str) -> usize {
@@ -139,6 +118,8 @@ impl Gateway {
             .unwrap_or(0)
     }
 }
+
+const ALICE: &str = "Bearer sk_alice";
 
 /// One key per path: a key names one request of an account, whatever its path, so the same
 /// key on a second path would be a mismatch.
@@ -165,9 +146,7 @@ impl Gateway {
 }
 
 async fn key_required_optional_and_off<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 [[route]]
 match = "POST /required"
 key = "required"
@@ -177,14 +156,10 @@ key = "optional"
 [[route]]
 match = "POST /search"
 key = "off"
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     let missing = gw.post("/required", &[], "{}").await;
-    assert_eq!(
-        (missing.status, missing.problem().as_str()),
-        (400, "missing-key")
-    );
+    missing.assert_refused(400, "missing-key");
     assert_eq!(gw.calls("/required"), 0);
     assert!(gw.post("/required", &[KEY], "{}").await.status == 201);
     assert!(gw.post("/required", &[KEY], "{}").await.replayed());
@@ -205,15 +180,12 @@ key = "off"
 }
 
 async fn key_header_aliases_take_the_first_present<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 [[route]]
 match = "POST /v1/charges"
 key_header = ["Idempotency-Key", "X-Idempotency-Key"]
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     let alias = ("x-idempotency-key", "alias-key-0001");
     assert_eq!(gw.post("/v1/charges", &[alias], "{}").await.status, 201);
     assert!(gw.post("/v1/charges", &[alias], "{}").await.replayed());
@@ -234,60 +206,46 @@ key_header = ["Idempotency-Key", "X-Idempotency-Key"]
             "{}",
         )
         .await;
-    assert_eq!(
-        (both.status, both.problem().as_str()),
-        (400, "malformed-key")
-    );
+    both.assert_refused(400, "malformed-key");
     assert_eq!(gw.calls("/v1/charges"), 1);
 }
 
 async fn a_webhook_delivered_twice_reaches_the_upstream_once<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 [[route]]
 match = "POST /webhooks/github"
 key_from = "header:X-GitHub-Delivery"
 [[route]]
 match = "POST /webhooks/stripe"
 key_from = "body:/id"
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     let delivery = ("x-github-delivery", "72d3162e-cc78-11e3-81ab-dcbb1ef32bd5");
     let push = r#"{"ref":"refs/heads/main"}"#;
     let first = gw.post("/webhooks/github", &[delivery], push).await;
     let again = gw.post("/webhooks/github", &[delivery], push).await;
     assert_eq!(first.status, 201);
-    assert!(again.replayed());
-    assert_eq!(again.body, first.body);
+    again.assert_replays(&first);
     assert_eq!(gw.calls("/webhooks/github"), 1);
 
     let event = r#"{"id":"evt_1NfGk2","type":"charge.succeeded"}"#;
     let first = gw.post("/webhooks/stripe", &[], event).await;
     let again = gw.post("/webhooks/stripe", &[], event).await;
     assert_eq!(first.status, 201);
-    assert!(again.replayed());
-    assert_eq!(again.body, first.body);
+    again.assert_replays(&first);
     let no_id = gw.post("/webhooks/stripe", &[], r#"{"type":"x"}"#).await;
-    assert_eq!(
-        (no_id.status, no_id.problem().as_str()),
-        (400, "missing-key")
-    );
+    no_id.assert_refused(400, "missing-key");
     assert_eq!(gw.calls("/webhooks/stripe"), 1);
 }
 
 async fn scope_headers_are_per_route<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 scope_headers = ["Authorization"]
 [[route]]
 match = "POST /connect/charges"
 scope_headers = ["Authorization", "Stripe-Account"]
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     for account in ["acct_1", "acct_2", "acct_1"] {
         for path in ["/connect/charges", "/charges"] {
             let (name, key) = key_for(path);
@@ -304,18 +262,15 @@ scope_headers = ["Authorization", "Stripe-Account"]
 }
 
 async fn ignored_and_only_members_leave_the_fingerprint<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 [[route]]
 match = "POST /ignore"
 fingerprint = { ignore = ["/metadata/trace_id"] }
 [[route]]
 match = "POST /only"
 fingerprint = { only = ["/amount"] }
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     for (path, first, same, changed) in [
         (
             "/ignore",
@@ -339,16 +294,13 @@ fingerprint = { only = ["/amount"] }
 }
 
 async fn retention_is_per_route<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 retention = "1h"
 [[route]]
 match = "POST /short"
 retention = "1m"
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     for path in ["/short", "/long"] {
         gw.post_keyed(path, "{}").await;
     }
@@ -359,15 +311,12 @@ retention = "1m"
 }
 
 async fn store_headers_are_per_route<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 [[route]]
 match = "POST /kept"
 store_headers = ["Request-Id"]
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     let first = gw.post_keyed("/kept", "{}").await;
     let replay = gw.post_keyed("/kept", "{}").await;
     assert!(replay.replayed());
@@ -380,17 +329,14 @@ store_headers = ["Request-Id"]
 
 /// `errors` per route, and a request no route matches gets the top-level rules.
 async fn errors_per_route_and_unmatched_requests_get_the_defaults<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 errors = "stripe"
 [[route]]
 match = "POST /v1/charges/{id}/capture"
 errors = "problem"
 key = "optional"
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     for path in ["/v1/charges/ch_1/capture", "/v1/refunds"] {
         gw.post_keyed(path, r#"{"a":1}"#).await;
         let refused = gw.post_keyed(path, r#"{"a":2}"#).await;
@@ -405,16 +351,11 @@ key = "optional"
         201
     );
     let missing = gw.post("/v1/charges/ch_2/refund", &[], "{}").await;
-    assert_eq!(
-        (missing.status, missing.problem().as_str()),
-        (400, "missing-key")
-    );
+    missing.assert_refused(400, "missing-key");
 }
 
 async fn the_published_policy_lists_every_route<St: Store>(store: St) {
-    let gw = start(
-        store,
-        r#"
+    let routes = r#"
 [[route]]
 match = "POST /v1/charges"
 in_flight = "wait 10s"
@@ -422,9 +363,8 @@ fingerprint = { ignore = ["/metadata/trace_id"] }
 [[route]]
 match = "POST /search"
 key = "off"
-"#,
-    )
-    .await;
+"#;
+    let gw = start(store, routes).await;
     let policy: serde_json::Value = gw
         .client
         .get(format!("{}/.well-known/idempotency-policy", gw.url))
@@ -450,91 +390,86 @@ key = "off"
 /// `in_flight = "wait …"`: a duplicate of a running request waits and replays its outcome;
 /// with `"409"` it is refused at once.
 async fn in_flight_waits_or_refuses_per_route<St: Store>(store: St) {
-    let gw = Arc::new(
-        start(
-            store,
-            r#"
+    let routes = r#"
 [[route]]
 match = "POST /wait"
 in_flight = "wait 10s"
 [[route]]
 match = "POST /refuse"
 in_flight = "409"
-"#,
-        )
-        .await,
-    );
-    for path in ["/wait", "/refuse"] {
-        let entered = gw.upstream.entered.notified();
-        let mut first = tokio::spawn({
-            let gw = gw.clone();
-            async move { gw.post_gated(path).await }
-        });
-        tokio::select! {
-            () = entered => {}
-            answer = &mut first => panic!("{path}: answered before reaching the upstream: {answer:?}"),
-        }
-        let duplicate = tokio::spawn({
-            let gw = gw.clone();
-            async move { gw.post_gated(path).await }
-        });
-        if path == "/refuse" {
-            let refused = duplicate.await.unwrap();
-            assert_eq!(
-                (refused.status, refused.problem().as_str()),
-                (409, "in-use")
-            );
-            assert!(refused.headers.contains_key("retry-after"));
-            gw.upstream.gate.add_permits(1);
-            assert_eq!(first.await.unwrap().status, 201);
-        } else {
-            // Refused, it would have its 409 in milliseconds; waiting, it has no answer
-            // while the original is held.
-            let mut duplicate = duplicate;
-            let early = tokio::time::timeout(Duration::from_millis(300), &mut duplicate).await;
-            assert!(early.is_err(), "the duplicate waits: {early:?}");
-            gw.upstream.gate.add_permits(1);
-            let first = first.await.unwrap();
-            let waited = duplicate.await.unwrap();
-            assert_eq!(first.status, 201);
-            assert!(waited.replayed(), "{waited:?}");
-            assert_eq!(waited.body, first.body);
-        }
-        assert_eq!(gw.calls(path), 1);
+"#;
+    let gw = Arc::new(start(store, routes).await);
+    for (path, waits) in [("/wait", true), ("/refuse", false)] {
+        a_duplicate_of_a_held_request(&gw, path, waits).await;
     }
 }
 
-macro_rules! route_tests {
-    ($store:ident, $make:expr) => {
-        mod $store {
-            use super::*;
-            route_tests!(@each $make;
-                key_required_optional_and_off,
-                key_header_aliases_take_the_first_present,
-                a_webhook_delivered_twice_reaches_the_upstream_once,
-                scope_headers_are_per_route,
-                ignored_and_only_members_leave_the_fingerprint,
-                retention_is_per_route,
-                store_headers_are_per_route,
-                errors_per_route_and_unmatched_requests_get_the_defaults,
-                the_published_policy_lists_every_route,
-                in_flight_waits_or_refuses_per_route,
-            );
-        }
-    };
-    (@each $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                super::$name(store).await;
-            }
-        )*
-    };
+/// A top-level `in_flight` is the rule of every route that sets none, and of requests no
+/// route matches; a route's own still wins.
+async fn routes_inherit_the_top_level_wait<St: Store>(store: St) {
+    let routes = r#"
+in_flight = "wait 10s"
+[[route]]
+match = "POST /inherits"
+[[route]]
+match = "POST /refuse"
+in_flight = "409"
+"#;
+    let gw = Arc::new(start(store, routes).await);
+    for (path, waits) in [("/inherits", true), ("/refuse", false), ("/unrouted", true)] {
+        a_duplicate_of_a_held_request(&gw, path, waits).await;
+    }
 }
 
-use common::{Answer, postgres_store, redis_store, send, sqlite_store};
+/// Sends a request to `path` that the upstream holds, then its duplicate: one that `waits`
+/// has no answer while the original is held and then replays its outcome; one that does not
+/// is refused with `409` and `Retry-After` at once. The upstream is called once.
+async fn a_duplicate_of_a_held_request(gw: &Arc<Gateway>, path: &'static str, waits: bool) {
+    let entered = gw.upstream.entered.notified();
+    let mut first = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.post_gated(path).await }
+    });
+    tokio::select! {
+        () = entered => {}
+        answer = &mut first => panic!("{path}: answered before reaching the upstream: {answer:?}"),
+    }
+    let mut duplicate = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.post_gated(path).await }
+    });
+    if waits {
+        // Refused, it would have its 409 in milliseconds; waiting, it has no answer while
+        // the original is held.
+        let early = tokio::time::timeout(Duration::from_millis(300), &mut duplicate).await;
+        assert!(early.is_err(), "{path}: the duplicate waits: {early:?}");
+        gw.upstream.gate.add_permits(1);
+        let first = first.await.unwrap();
+        let waited = duplicate.await.unwrap();
+        assert_eq!(first.status, 201, "{path}");
+        waited.assert_replays(&first);
+    } else {
+        let refused = duplicate.await.unwrap();
+        refused.assert_refused(409, "in-use");
+        assert!(refused.headers.contains_key("retry-after"));
+        gw.upstream.gate.add_permits(1);
+        assert_eq!(first.await.unwrap().status, 201, "{path}");
+    }
+    assert_eq!(gw.calls(path), 1, "{path}");
+}
 
-route_tests!(sqlite, sqlite_store());
-route_tests!(postgres, postgres_store());
-route_tests!(redis, redis_store());
+use common::{Answer, send};
+
+on_every_store!(
+    key_required_optional_and_off,
+    key_header_aliases_take_the_first_present,
+    a_webhook_delivered_twice_reaches_the_upstream_once,
+    scope_headers_are_per_route,
+    ignored_and_only_members_leave_the_fingerprint,
+    retention_is_per_route,
+    store_headers_are_per_route,
+    errors_per_route_and_unmatched_requests_get_the_defaults,
+    the_published_policy_lists_every_route,
+    in_flight_waits_or_refuses_per_route,
+    routes_inherit_the_top_level_wait,
+);

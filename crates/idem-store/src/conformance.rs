@@ -513,12 +513,30 @@ async fn purges_once<S: AdminStore>(store: &S, done: &Scope) {
     assert_eq!(store.get(done).await.unwrap(), None);
 }
 
+/// Writes one `#[tokio::test]` per name, each making a fresh `(store, guard)` with the async
+/// expression `$make` and running `$suite::$name(store)`, the guard dropped when the test
+/// ends. The conformance macros below are made with it; so is any suite of another crate that
+/// runs once per store (`[super]` names the functions of the module that invokes it).
+#[macro_export]
+macro_rules! tests_per_store {
+    (@one $make:expr => [$($suite:tt)+]; $name:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $name() {
+            let (store, _guard) = $make.await;
+            $($suite)+::$name(store).await;
+        }
+    };
+    ($make:expr => $suite:tt; $($name:ident),* $(,)?) => {
+        $($crate::tests_per_store!(@one $make => $suite; $name);)*
+    };
+}
+
 /// Instantiates the [`Store`] conformance suite. `$make` is an async expression that yields
 /// `(store, guard)`; the guard is dropped when the test ends.
 #[macro_export]
 macro_rules! store_conformance {
     ($make:expr) => {
-        $crate::store_conformance!(@tests $make;
+        $crate::tests_per_store!($make => [$crate::conformance];
             claim_race_has_one_winner,
             completed_record_replays,
             mismatch_leaves_record_untouched,
@@ -528,22 +546,13 @@ macro_rules! store_conformance {
             sweep_deletes_expired_in_batches,
         );
     };
-    (@tests $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                let (store, _guard) = $make.await;
-                $crate::conformance::$name(store).await;
-            }
-        )*
-    };
 }
 
 /// Instantiates the [`AdminStore`] part of the suite.
 #[macro_export]
 macro_rules! admin_conformance {
     ($make:expr) => {
-        $crate::store_conformance!(@tests $make; admin_lists_purges_and_force_completes);
+        $crate::tests_per_store!($make => [$crate::conformance]; admin_lists_purges_and_force_completes);
     };
 }
 
@@ -551,9 +560,6 @@ macro_rules! admin_conformance {
 #[macro_export]
 macro_rules! transactional_conformance {
     ($make:expr) => {
-        $crate::store_conformance!(@tests $make;
-            transaction_mode_commits_or_rolls_back,
-            transaction_wait_is_bounded,
-        );
+        $crate::tests_per_store!($make => [$crate::conformance]; transaction_mode_commits_or_rolls_back, transaction_wait_is_bounded);
     };
 }

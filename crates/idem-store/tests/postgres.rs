@@ -34,6 +34,13 @@ store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
 admin_conformance!(fresh_store());
 
+/// A database of the test's own and a store on a pool of at most `max` connections to it.
+async fn store_of_its_own(max: u32) -> (PgTestDatabase, PgStore) {
+    let db = PgTestDatabase::create().await;
+    let store = db.store(max).await;
+    (db, store)
+}
+
 fn scope(key: &str) -> Scope {
     Scope::new(
         AccountId::new("acct_pg"),
@@ -109,14 +116,7 @@ async fn lock_waiters(pool: &PgPool, n: i64) {
     let mut poll = tokio::time::interval(Duration::from_millis(10));
     loop {
         poll.tick().await;
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .expect("read pg_stat_activity");
-        if waiting >= n {
+        if sessions_waiting_on_a_lock(pool).await >= n {
             return;
         }
         assert!(
@@ -126,13 +126,24 @@ async fn lock_waiters(pool: &PgPool, n: i64) {
     }
 }
 
+/// How many sessions of the test database are blocked on a lock, by the server's own view of
+/// its sessions.
+async fn sessions_waiting_on_a_lock<'c>(db: impl sqlx::PgExecutor<'c>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(db)
+    .await
+    .expect("read pg_stat_activity")
+}
+
 /// A duplicate waiting on an open transaction gets `Busy` once its lock_timeout passes, and
 /// gives its connection back at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn busy_after_lock_timeout_frees_the_connection() {
-    let db = PgTestDatabase::create().await;
     // Two connections: the first transaction's and the duplicate's.
-    let store = db.store(2).await;
+    let (_db, store) = store_of_its_own(2).await;
     let key = scope("busy-key-0001");
     let first = begin_claimed(&store, &claim(&key, 1)).await;
 
@@ -152,14 +163,11 @@ async fn busy_after_lock_timeout_frees_the_connection() {
         .await
         .expect("the duplicate's connection went back to the pool")
         .unwrap();
-    let waiting: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
-    assert_eq!(waiting, 0, "a session still waits for the key");
+    assert_eq!(
+        sessions_waiting_on_a_lock(&mut *conn).await,
+        0,
+        "a session still waits for the key"
+    );
     drop(conn);
     store.rollback(first).await.unwrap();
 }
@@ -168,8 +176,7 @@ async fn busy_after_lock_timeout_frees_the_connection() {
 /// connection is bounded by the same wait and also ends in `Busy`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn busy_when_no_connection_is_free() {
-    let db = PgTestDatabase::create().await;
-    let store = db.store(1).await;
+    let (_db, store) = store_of_its_own(1).await;
     let key = scope("busy-key-0002");
     let first = begin_claimed(&store, &claim(&key, 1)).await;
     let second = store
@@ -184,8 +191,7 @@ async fn busy_when_no_connection_is_free() {
 /// its transaction runs under the session's lock_timeout, not the claim's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_claims_when_the_first_rolls_back() {
-    let db = PgTestDatabase::create().await;
-    let store = db.store(4).await;
+    let (_db, store) = store_of_its_own(4).await;
     let key = scope("rollback-key1");
     let (first, waiter) = first_and_a_waiting_duplicate(&store, &key).await;
     store.rollback(first).await.unwrap();
@@ -213,8 +219,7 @@ async fn duplicate_claims_when_the_first_rolls_back() {
 /// record, to replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_replays_when_the_first_commits() {
-    let db = PgTestDatabase::create().await;
-    let store = db.store(4).await;
+    let (_db, store) = store_of_its_own(4).await;
     let key = scope("commit-key-01");
     let (first, waiter) = first_and_a_waiting_duplicate(&store, &key).await;
     store
@@ -247,8 +252,7 @@ async fn connection_is_idle(pool: &PgPool) -> bool {
 /// claimed is that one key, no other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn transaction_mode_stores_any_account_key_and_response_exactly() {
-    let db = PgTestDatabase::create().await;
-    let store = db.store(1).await;
+    let (_db, store) = store_of_its_own(1).await;
     let account = "o'brien \\ $$ \"chef\" ☃ --";
     let key = IdempotencyKey::new("k'ey\\$$;--\"x", KeyLimits::default()).expect("valid key");
     let scope = Scope::new(AccountId::new(account), key);
@@ -289,9 +293,8 @@ async fn transaction_mode_stores_any_account_key_and_response_exactly() {
 /// connection is back outside any transaction, and what should have committed did, alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_ending_returns_the_connection_outside_a_transaction() {
-    let db = PgTestDatabase::create().await;
     // One connection, so every step below runs on the one the step before returned.
-    let store = db.store(1).await;
+    let (_db, store) = store_of_its_own(1).await;
     assert!(connection_is_idle(store.pool()).await, "at first");
     let (committed, dropped, rolled_back) = (
         scope("ends-commit-1"),
@@ -331,8 +334,7 @@ async fn every_ending_returns_the_connection_outside_a_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_nested_begin_is_a_savepoint() {
     use sqlx::Connection as _;
-    let db = PgTestDatabase::create().await;
-    let store = db.store(2).await;
+    let (_db, store) = store_of_its_own(2).await;
     sqlx::raw_sql("CREATE TABLE notes (body text)")
         .execute(store.pool())
         .await
@@ -399,8 +401,7 @@ async fn concurrent_migrations_of_a_fresh_database_succeed() {
 /// and comparisons in SQL (the sweeper's) are exact to the millisecond.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn timestamps_round_trip_exactly() {
-    let db = PgTestDatabase::create().await;
-    let store = db.store(4).await;
+    let (_db, store) = store_of_its_own(4).await;
 
     sweep_boundary_is_exact(&store).await;
 
@@ -470,8 +471,7 @@ async fn timestamps_round_trip_exactly() {
 /// A sweeper neither blocks on nor deletes a row another transaction holds; it takes the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sweep_skips_rows_locked_elsewhere() {
-    let db = PgTestDatabase::create().await;
-    let store = db.store(4).await;
+    let (_db, store) = store_of_its_own(4).await;
     for i in 0..3 {
         let key = scope(&format!("sweep-key-{i:04}"));
         store.claim(&claim(&key, 1)).await.unwrap();

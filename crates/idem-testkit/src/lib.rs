@@ -10,11 +10,16 @@
 //! require(Service::Redis); // panics at once, naming scripts/services.sh, if Redis is down
 //! # }
 //! ```
+//!
+//! [`assert_unfinished_heads_are_closed`] checks that an HTTP server closes a connection
+//! whose request head never completes (a slowloris), whichever server it is.
 
 pub mod redis_cluster;
 
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A service on loopback that idem's tests talk to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +82,32 @@ fn check(service: Service, addr: SocketAddr) -> Result<(), String> {
              tansu once); see CONTRIBUTING.md",
             service.name()
         )),
+    }
+}
+
+/// How long a server may hold a connection whose request head never completes before
+/// [`assert_unfinished_heads_are_closed`] fails: far above any head deadline a test sets.
+const UNFINISHED_HEAD_BOUND: Duration = Duration::from_secs(10);
+
+/// Sends half a request head (a `POST` to `path` cut off inside a header name), and on another
+/// connection nothing at all, to the HTTP server at `addr` (`HOST:PORT`), and returns once the
+/// server has ended both connections, by EOF or reset. Panics if either is still open after
+/// 10 s.
+pub async fn assert_unfinished_heads_are_closed(addr: &str, path: &str) {
+    let half_head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nIdempot");
+    for partial in [half_head.as_bytes(), b""] {
+        let mut socket = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connect to the server");
+        socket
+            .write_all(partial)
+            .await
+            .expect("write the partial head");
+        let mut rest = Vec::new();
+        // EOF or a reset: either way the server ended it, well before the bound.
+        let _ended = tokio::time::timeout(UNFINISHED_HEAD_BOUND, socket.read_to_end(&mut rest))
+            .await
+            .expect("closed by the server, not left hanging");
     }
 }
 

@@ -92,6 +92,8 @@ struct App {
     client: reqwest::Client,
     /// The reconciler's schedule ([`Kind::LeaseReconciled`]; unused by the others).
     schedule: idem_tower::Reconciliation,
+    /// What wakes waiting duplicates ([`Kind::LeaseWaiting`]; unused by the others).
+    signal: idem_tower::OutcomeSignal,
     _dir: tempfile::TempDir,
 }
 
@@ -106,6 +108,9 @@ enum Kind {
     LeaseWithoutTakeover,
     /// Lease mode without takeover, a reconciler resolving unknown outcomes.
     LeaseReconciled,
+    /// Lease mode, duplicates waiting up to this long for the outcome (woken by
+    /// [`App::signal`]).
+    LeaseWaiting(Duration),
 }
 
 /// The request body that holds the handler at its gate until the test lets it go.
@@ -155,6 +160,7 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
     adjust(&mut policy);
     let handler = Handler::new();
     let schedule = idem_tower::Reconciliation::new(Duration::from_secs(60));
+    let signal = idem_tower::OutcomeSignal::default();
     let router = match kind {
         Kind::Transaction | Kind::TransactionClaimFirst => {
             let mut layer = IdempotencyLayer::transactional(store.clone());
@@ -169,7 +175,8 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
         Kind::Lease
         | Kind::LeaseClaimFirst
         | Kind::LeaseWithoutTakeover
-        | Kind::LeaseReconciled => {
+        | Kind::LeaseReconciled
+        | Kind::LeaseWaiting(_) => {
             let mut layer = IdempotencyLayer::leased(store.clone());
             if kind == Kind::LeaseClaimFirst {
                 layer = layer.without_replay_read();
@@ -179,6 +186,9 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
             }
             if kind == Kind::LeaseReconciled {
                 layer = layer.with_reconciliation(schedule.clone());
+            }
+            if let Kind::LeaseWaiting(max) = kind {
+                layer = layer.with_outcome_wait(max, signal.clone());
             }
             let layer = layer.with_policy(policy).with_clock(clock.clone());
             Router::new()
@@ -195,6 +205,7 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
         clock,
         client: reqwest::Client::new(),
         schedule,
+        signal,
         _dir: dir,
     }
 }
@@ -208,6 +219,19 @@ impl App {
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         (status, headers, response.bytes().await.unwrap())
+    }
+
+    /// Sends a request under `key` whose handler answers `status`.
+    async fn answering(&self, key: &str, status: u16) -> (u16, HeaderMap, Bytes) {
+        self.send(Some(key), &format!(r#"{{"status": {status}}}"#))
+            .await
+    }
+
+    /// [`App::answering`], checking that the client got the handler's `status`; its headers.
+    async fn answered(&self, key: &str, status: u16) -> HeaderMap {
+        let (got, headers, body) = self.answering(key, status).await;
+        assert_eq!(got, status, "{body:?}");
+        headers
     }
 
     fn calls(&self) -> usize {
@@ -352,37 +376,24 @@ async fn a_duplicate_is_in_use_until_the_original_ends(app: Arc<App>, key: &'sta
 #[tokio::test]
 async fn transaction_mode_5xx_rolls_back_key_and_writes_so_a_retry_runs_fresh() {
     let app = start(Kind::Transaction, |_| {}).await;
-    let (status, _, _) = app
-        .send(Some("rollback-key-01"), r#"{"status": 500}"#)
-        .await;
-    assert_eq!(status, 500);
+    app.answered("rollback-key-01", 500).await;
     assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 0);
     assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
     // A retry is a fresh attempt (here it fails the same way, and runs again).
-    app.send(Some("rollback-key-01"), r#"{"status": 500}"#)
-        .await;
+    app.answering("rollback-key-01", 500).await;
     assert_eq!(app.calls(), 2);
 }
 
 #[tokio::test]
 async fn business_4xx_is_stored_but_a_validation_400_is_not() {
     let app = start(Kind::Transaction, |_| {}).await;
-    let (status, _, _) = app
-        .send(Some("declined-key-01"), r#"{"status": 402}"#)
-        .await;
-    assert_eq!(status, 402);
-    let (status, headers, _) = app
-        .send(Some("declined-key-01"), r#"{"status": 402}"#)
-        .await;
-    assert_eq!(status, 402);
+    app.answered("declined-key-01", 402).await;
+    let headers = app.answered("declined-key-01", 402).await;
     assert!(replayed(&headers));
     assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
 
-    app.send(Some("invalid-key-001"), r#"{"status": 400}"#)
-        .await;
-    let (_, headers, _) = app
-        .send(Some("invalid-key-001"), r#"{"status": 400}"#)
-        .await;
+    app.answering("invalid-key-001", 400).await;
+    let (_, headers, _) = app.answering("invalid-key-001", 400).await;
     assert!(!replayed(&headers));
     assert_eq!(app.calls(), 3);
 }
@@ -396,63 +407,49 @@ async fn lease_mode_duplicate_gets_409_with_retry_after_while_the_original_runs(
 #[tokio::test]
 async fn lease_mode_5xx_keeps_the_key_until_its_lease_runs_out() {
     let app = start(Kind::Lease, |_| {}).await;
-    let (status, _, _) = app
-        .send(Some("unknown-key-001"), r#"{"status": 502}"#)
-        .await;
-    assert_eq!(status, 502);
+    app.answered("unknown-key-001", 502).await;
     // The outcome is unknown: a retry within the lease is told to wait.
-    let (status, headers, _) = app
-        .send(Some("unknown-key-001"), r#"{"status": 502}"#)
-        .await;
+    let (status, headers, _) = app.answering("unknown-key-001", 502).await;
     assert_eq!(status, 409);
     assert!(headers.get("retry-after").is_some());
     assert_eq!(app.calls(), 1);
     // After the lease the same request takes the key over and runs again.
     app.clock.advance(Duration::from_secs(31));
-    let (status, _, _) = app
-        .send(Some("unknown-key-001"), r#"{"status": 201}"#)
-        .await;
+    let (status, _, _) = app.answering("unknown-key-001", 201).await;
     assert_eq!(status, 422, "a different request may not take over");
-    let (status, _, _) = app
-        .send(Some("unknown-key-001"), r#"{"status": 502}"#)
-        .await;
-    assert_eq!(status, 502);
+    app.answered("unknown-key-001", 502).await;
     assert_eq!(app.calls(), 2);
+}
+
+/// A `kind` app whose work calls out with a 60 s timeout, after a request under `key` that
+/// ended in a 502 (an unknown outcome); the 502's headers.
+async fn after_an_unknown_outcome(kind: Kind, key: &str) -> (App, HeaderMap) {
+    let app = start(kind, |p| p.downstream_timeout = Duration::from_secs(60)).await;
+    let headers = app.answered(key, 502).await;
+    (app, headers)
 }
 
 #[tokio::test]
 async fn a_claim_is_held_through_the_downstream_timeout_before_a_takeover() {
-    let app = start(Kind::Lease, |p| {
-        p.downstream_timeout = Duration::from_secs(60)
-    })
-    .await;
-    let (status, headers, _) = app.send(Some("held-key-00001"), r#"{"status": 502}"#).await;
-    assert_eq!(status, 502);
+    let (app, headers) = after_an_unknown_outcome(Kind::Lease, "held-key-00001").await;
     assert_eq!(
         headers["retry-after"], "90",
         "the lease and the downstream timeout"
     );
     // Past the lease, a call the work made may still be running: no takeover yet.
     app.clock.advance(Duration::from_secs(31));
-    let (status, _, _) = app.send(Some("held-key-00001"), r#"{"status": 502}"#).await;
+    let (status, _, _) = app.answering("held-key-00001", 502).await;
     assert_eq!(status, 409);
     assert_eq!(app.calls(), 1);
     app.clock.advance(Duration::from_secs(60));
-    let (status, _, _) = app.send(Some("held-key-00001"), r#"{"status": 502}"#).await;
+    let (status, _, _) = app.answering("held-key-00001", 502).await;
     assert_eq!(status, 502, "taken over once no call can still run");
     assert_eq!(app.calls(), 2);
 }
 
 #[tokio::test]
 async fn with_a_reconciler_an_unknown_outcome_is_told_at_once_and_looked_at() {
-    let app = start(Kind::LeaseReconciled, |p| {
-        p.downstream_timeout = Duration::from_secs(60)
-    })
-    .await;
-    let (status, headers, _) = app
-        .send(Some("unknown-key-002"), r#"{"status": 502}"#)
-        .await;
-    assert_eq!(status, 502);
+    let (app, headers) = after_an_unknown_outcome(Kind::LeaseReconciled, "unknown-key-002").await;
     assert_eq!(
         headers["retry-after"], "1",
         "the reconciler was asked to look at once"
@@ -460,9 +457,7 @@ async fn with_a_reconciler_an_unknown_outcome_is_told_at_once_and_looked_at() {
     // The handler returned: the record's lease ended with it, though the clock stands still.
     let stale = app.lease_expired().await;
     assert_eq!(stale.len(), 1, "visible to the reconciler now");
-    let (status, headers, problem) = app
-        .send(Some("unknown-key-002"), r#"{"status": 502}"#)
-        .await;
+    let (status, headers, problem) = app.answering("unknown-key-002", 502).await;
     assert_eq!(status, 409);
     assert_eq!(problem_type(&problem), "urn:idem:problem:outcome-unknown");
     assert_eq!(headers["retry-after"], "1");
@@ -475,9 +470,7 @@ async fn with_a_reconciler_an_unknown_outcome_is_told_at_once_and_looked_at() {
         async move { schedule.until_next_pass().await }
     });
     tokio::task::yield_now().await;
-    let (_, headers, _) = app
-        .send(Some("unknown-key-002"), r#"{"status": 502}"#)
-        .await;
+    let (_, headers, _) = app.answering("unknown-key-002", 502).await;
     assert_eq!(headers["retry-after"], "61");
     next.abort();
 }
@@ -608,14 +601,9 @@ async fn a_body_that_trickles_in_gets_408_not_a_hung_connection() {
 async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
     use idem_store::AdminStore;
     let app = start(Kind::LeaseWithoutTakeover, |_| {}).await;
-    let (status, _, _) = app
-        .send(Some("reconcile-key-1"), r#"{"status": 504}"#)
-        .await;
-    assert_eq!(status, 504);
+    app.answered("reconcile-key-1", 504).await;
     app.clock.advance(Duration::from_secs(31));
-    let (status, headers, problem) = app
-        .send(Some("reconcile-key-1"), r#"{"status": 504}"#)
-        .await;
+    let (status, headers, problem) = app.answering("reconcile-key-1", 504).await;
     assert_eq!(status, 409);
     assert!(headers.get("retry-after").is_some());
     assert_eq!(problem_type(&problem), "urn:idem:problem:outcome-unknown");
@@ -636,9 +624,7 @@ async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
             .await
             .unwrap()
     );
-    let (status, headers, body) = app
-        .send(Some("reconcile-key-1"), r#"{"status": 504}"#)
-        .await;
+    let (status, headers, body) = app.answering("reconcile-key-1", 504).await;
     assert_eq!(status, 201);
     assert!(replayed(&headers));
     assert_eq!(&body[..], b"reconciled");
@@ -647,62 +633,33 @@ async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_an_outcome_wait_a_duplicate_waits_and_replays_instead_of_409() {
-    let (store, _dir) = sqlite_store().await;
-    let handler = Handler::new();
-    let signal = idem_tower::OutcomeSignal::default();
-    let router = Router::new()
-        .route("/work", routing::post(lease_handler))
-        .layer(
-            IdempotencyLayer::leased(store)
-                .with_outcome_wait(Duration::from_secs(10), signal.clone()),
-        )
-        .with_state(handler.clone());
-    let url = serve(router).await;
-    let client = reqwest::Client::new();
-    let send = || post(&client, &url, Some("waiting-key-001"), GATE).send();
-    let original = tokio::spawn(send());
-    handler.entered.notified().await;
-    let duplicate = tokio::spawn(send());
+    let app = Arc::new(start(Kind::LeaseWaiting(Duration::from_secs(10)), |_| {}).await);
+    let original = app.send_held("waiting-key-001").await;
+    let duplicate = app.spawn_send("waiting-key-001", GATE);
     // Release the original only once the duplicate is parked on the signal (it would have had
     // its 409 long before without the wait).
     let parked = tokio::time::Instant::now() + Duration::from_secs(5);
-    while signal.waiting() == 0 {
+    while app.signal.waiting() == 0 {
         assert!(
             tokio::time::Instant::now() < parked,
             "the duplicate never waited"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    handler.gate.add_permits(1);
-    let original = original.await.unwrap().unwrap();
-    let duplicate = duplicate.await.unwrap().unwrap();
-    assert_eq!(signal.waiting(), 0, "no entry is left behind");
-    assert_eq!(original.status(), 201);
-    assert_eq!(duplicate.status(), 201);
-    assert!(replayed(duplicate.headers()));
-    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+    app.handler.gate.add_permits(1);
+    let (original, _, _) = original.await.unwrap();
+    let (duplicate, headers, _) = duplicate.await.unwrap();
+    assert_eq!(app.signal.waiting(), 0, "no entry is left behind");
+    assert_eq!((original, duplicate), (201, 201));
+    assert!(replayed(&headers));
+    assert_eq!(app.calls(), 1);
 }
 
+/// Past its wait a duplicate gets the `409` it would have had at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_outcome_wait_is_bounded_then_409() {
-    let (store, _dir) = sqlite_store().await;
-    let handler = Handler::new();
-    let router = Router::new()
-        .route("/work", routing::post(lease_handler))
-        .layer(IdempotencyLayer::leased(store).with_outcome_wait(
-            Duration::from_millis(200),
-            idem_tower::OutcomeSignal::default(),
-        ))
-        .with_state(handler.clone());
-    let url = serve(router).await;
-    let client = reqwest::Client::new();
-    let send = || post(&client, &url, Some("bounded-wait-01"), GATE).send();
-    let original = tokio::spawn(send());
-    handler.entered.notified().await;
-    let duplicate = send().await.unwrap();
-    assert_eq!(duplicate.status(), 409);
-    handler.gate.add_permits(1);
-    assert_eq!(original.await.unwrap().unwrap().status(), 201);
+    let app = start(Kind::LeaseWaiting(Duration::from_millis(200)), |_| {}).await;
+    a_duplicate_is_in_use_until_the_original_ends(Arc::new(app), "bounded-wait-01").await;
 }
 
 /// SQLite's store, counting the reads that answer replays before a claim, and failing the

@@ -1,8 +1,11 @@
-//! The three stores the gateway's tests run on, each in a place of its own that is removed
-//! when its guard drops: a temporary SQLite file, a throwaway PostgreSQL database, a Redis
-//! key prefix.
+//! What the gateway's tests share: the three stores they run on, each in a place of its own
+//! that is removed when its guard drops (a temporary SQLite file, a throwaway PostgreSQL
+//! database, a Redis key prefix), a gateway served on a port of its own, and its answers read
+//! whole.
 
 #![allow(dead_code, unreachable_pub)]
+
+use idem_gateway::{GatewayConfig, Secret};
 
 /// A store on a fresh SQLite file in a temporary folder.
 pub async fn sqlite_store() -> (idem_store::SqliteStore, tempfile::TempDir) {
@@ -81,6 +84,44 @@ impl Answer {
             .trim_start_matches("urn:idem:problem:")
             .to_owned()
     }
+
+    /// Checks that this is idem's refusal with `status` and the problem type `problem`
+    /// (`missing-key`).
+    #[track_caller]
+    pub fn assert_refused(&self, status: u16, problem: &str) {
+        assert_eq!(
+            (self.status, self.problem().as_str()),
+            (status, problem),
+            "{}",
+            self.body
+        );
+    }
+
+    /// Checks that this is `first` again, replayed: its status and body, marked as a replay.
+    #[track_caller]
+    pub fn assert_replays(&self, first: &Answer) {
+        assert!(self.replayed(), "not a replay: {self:?}");
+        assert_eq!((self.status, &self.body), (first.status, &first.body));
+    }
+}
+
+/// A JSON `POST` of `body` to `url` from `credential` (the `Authorization` header), with these
+/// extra `headers` (an `Idempotency-Key`, say).
+pub fn json_post(
+    client: &reqwest::Client,
+    url: String,
+    credential: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> reqwest::RequestBuilder {
+    headers.iter().fold(
+        client
+            .post(url)
+            .header("authorization", credential)
+            .header("content-type", "application/json")
+            .body(body.to_owned()),
+        |request, (name, value)| request.header(*name, *value),
+    )
 }
 
 /// Sends `request` and reads its answer whole.
@@ -91,4 +132,43 @@ pub async fn send(request: reqwest::RequestBuilder) -> Answer {
         headers: response.headers().clone(),
         body: response.text().await.unwrap(),
     }
+}
+
+/// The tests' gateway configuration in front of the upstream at `upstream`.
+pub fn config(upstream: std::net::SocketAddr) -> GatewayConfig {
+    GatewayConfig::new(
+        format!("http://{upstream}").parse().unwrap(),
+        Secret::new(b"test-secret-0123456789".to_vec()).unwrap(),
+    )
+    .expect("the platform's roots")
+}
+
+/// Serves a gateway with `config` over `store` on a port of its own for the rest of the test;
+/// its URL.
+pub async fn serve<St: idem_store::Store>(store: St, config: GatewayConfig) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(idem_gateway::serve(
+        listener,
+        store,
+        config,
+        std::future::pending(),
+    ));
+    url
+}
+
+/// One test per name on each store, in `mod sqlite`, `mod postgres` and `mod redis`: each
+/// makes a fresh store and passes it to the test file's function of that name.
+#[macro_export]
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_every_store!(@on sqlite, $crate::common::sqlite_store(); $($name),*);
+        $crate::on_every_store!(@on postgres, $crate::common::postgres_store(); $($name),*);
+        $crate::on_every_store!(@on redis, $crate::common::redis_store(); $($name),*);
+    };
+    (@on $store:ident, $make:expr; $($name:ident),*) => {
+        mod $store {
+            idem_store::tests_per_store!($make => [super]; $($name),*);
+        }
+    };
 }
