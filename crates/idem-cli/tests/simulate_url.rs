@@ -123,12 +123,15 @@ async fn keys_hold_against_idem_serve_as_a_process() {
     db.close().await;
 }
 
+/// A charge the naive API made: its id and the `run` member of the body that made it.
+type Charge = (String, Option<String>);
+
 /// A naive charges API: every POST makes a charge with a new id, whatever key it carries.
 /// `GET /charges` lists them as `{"data": [...]}`, only one run's with `?run=`.
 #[derive(Clone, Default)]
 struct Naive {
-    /// Each charge's id and the `run` member of the body that made it.
-    charges: Arc<Mutex<Vec<(String, Option<String>)>>>,
+    /// Every charge made.
+    charges: Arc<Mutex<Vec<Charge>>>,
 }
 
 impl Naive {

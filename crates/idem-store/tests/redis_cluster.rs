@@ -112,7 +112,7 @@ struct FailoverReport {
     unavailable: usize,
     /// Operations that failed any other way (the layer's `500`): there must be none.
     other_errors: Vec<String>,
-    /// From the kill to the first acknowledged record after it.
+    /// From the kill until the cluster reported the replica promoted and every slot served.
     outage: Duration,
 }
 
@@ -224,12 +224,11 @@ async fn kill_a_primary_under_load(
     let before = acknowledged.load(Ordering::Relaxed);
     let killed_at = Instant::now();
     cluster.kill(victim);
-    // The first record acknowledged after the kill ends the outage as clients saw it... but
-    // records on the surviving primaries go on at once, so wait for the cluster to heal and
-    // for records in every bucket again.
+    // Records on the surviving primaries go on at once; wait until the cluster has promoted
+    // the dead primary's replica, then for 300 more records.
     let healed = {
         let cluster = &*cluster;
-        tokio::task::block_in_place(|| cluster.wait_until_healthy());
+        tokio::task::block_in_place(|| cluster.wait_for_failover(victim, 3));
         killed_at.elapsed()
     };
     reach(before + 300, "after the failover").await;

@@ -151,6 +151,17 @@ impl RedisCluster {
         }
     }
 
+    /// Waits until the cluster has replaced the dead primary on `port` (a replica of it promoted,
+    /// as many primaries as before) and every running node reports every slot served. Panics
+    /// after half a minute.
+    pub fn wait_for_failover(&self, port: u16, primaries: usize) {
+        wait_until(&format!("a replica takes over from :{port}"), || {
+            let masters = self.masters();
+            masters.len() == primaries && !masters.contains(&port)
+        });
+        self.wait_until_healthy();
+    }
+
     /// Waits until every running node reports every slot served again (after a failover, by
     /// a promoted replica). Panics after half a minute.
     pub fn wait_until_healthy(&self) {
