@@ -293,14 +293,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         upstream,
         redact(&settings.store)
     );
-    let store_url = StoreUrl::parse(&settings.store)?;
-    if args.redis_wait_replicas > 0 && !matches!(store_url, StoreUrl::Redis(_)) {
-        anyhow::bail!(
-            "--redis-wait-replicas applies to a Redis store, and the store is {}",
-            redact(&settings.store)
-        );
-    }
-    match store_url {
+    match store_url(&args, &settings.store)? {
         StoreUrl::Sqlite(url) => {
             let store = SqliteStore::connect(&url)
                 .await
@@ -324,6 +317,18 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             run_on(listener, admin, store, config).await
         }
     }
+}
+
+/// The store `--store` names, refusing the Redis-only flags for any other store.
+fn store_url(args: &ProxyArgs, store: &str) -> anyhow::Result<StoreUrl> {
+    let url = StoreUrl::parse(store)?;
+    if args.redis_wait_replicas > 0 && !matches!(url, StoreUrl::Redis(_)) {
+        anyhow::bail!(
+            "--redis-wait-replicas applies to a Redis store, and the store is {}",
+            redact(store)
+        );
+    }
+    Ok(url)
 }
 
 async fn run_on<St: OutcomeChannel>(
