@@ -333,26 +333,8 @@ async fn relay(
     };
 
     // The whole answer is here, so the API has committed whatever it did.
+    count_answer(&shared, intent, status, &headers, &body);
     let counters = &shared.counters;
-    counters.forwarded.fetch_add(1, Ordering::Relaxed);
-    if headers
-        .get("idempotent-replayed")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
-    {
-        counters.replayed.fetch_add(1, Ordering::Relaxed);
-    }
-    if status.is_success() {
-        match id_in(&body, &shared.upstream.id_field) {
-            Some(id) => {
-                if let Some(intent) = intent {
-                    shared.record_id(intent, id);
-                }
-            }
-            None => {
-                counters.without_id.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
     if let Some((intent, attempt)) = attempt
         && is_lost(shared.seed, intent, attempt, shared.loss)
     {
@@ -366,6 +348,37 @@ async fn relay(
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     Ok(response)
+}
+
+/// Counts an answer from the API: forwarded, replayed or not, and the resource id of a 2xx
+/// (recorded for its intent), or that a 2xx carried none.
+fn count_answer(
+    shared: &Shared,
+    intent: Option<u64>,
+    status: StatusCode,
+    headers: &http::HeaderMap,
+    body: &Bytes,
+) {
+    let counters = &shared.counters;
+    counters.forwarded.fetch_add(1, Ordering::Relaxed);
+    if headers
+        .get("idempotent-replayed")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+    {
+        counters.replayed.fetch_add(1, Ordering::Relaxed);
+    }
+    if status.is_success() {
+        match id_in(body, &shared.upstream.id_field) {
+            Some(id) => {
+                if let Some(intent) = intent {
+                    shared.record_id(intent, id);
+                }
+            }
+            None => {
+                counters.without_id.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// Removes the headers that describe one connection, not the message (RFC 9110 §7.6.1): each
