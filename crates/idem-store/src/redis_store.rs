@@ -383,13 +383,17 @@ pub struct ReplicasUnconfirmed {
 struct Lua {
     source: &'static str,
     script: Script,
+    /// Whether replicas must confirm its write under `wait_for_replicas`: a claim, renewal or
+    /// outcome, not a release or a sweep, whose loss in a failover frees nothing that is held.
+    confirmed: bool,
 }
 
 impl Lua {
-    fn new(source: &'static str) -> Self {
+    fn new(source: &'static str, confirmed: bool) -> Self {
         Self {
             source,
             script: Script::new(source),
+            confirmed,
         }
     }
 }
@@ -404,11 +408,11 @@ struct Scripts {
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    claim: Lua::new(CLAIM),
-    complete: Lua::new(COMPLETE),
-    renew: Lua::new(RENEW),
-    release: Lua::new(RELEASE),
-    sweep: Lua::new(SWEEP),
+    claim: Lua::new(CLAIM, true),
+    complete: Lua::new(COMPLETE, true),
+    renew: Lua::new(RENEW, true),
+    release: Lua::new(RELEASE, false),
+    sweep: Lua::new(SWEEP, false),
 });
 
 /// The scheme of a cluster's URL: `redis+cluster://HOST:PORT,HOST:PORT,…`.
@@ -536,7 +540,7 @@ impl RedisStore {
     }
 
     /// Runs `script` on `keys` with `args` (an `EVALSHA`, sent in full when the server lacks
-    /// it). With [`wait_for_replicas`](Self::wait_for_replicas), `WAIT` follows in the same
+    /// it). With [`wait_for_replicas`](Self::wait_for_replicas), a confirmed script is followed by `WAIT` in the same
     /// pipeline on the same connection, so it counts the replicas that have this very write;
     /// its count is returned beside the script's answer.
     async fn run(
@@ -548,14 +552,14 @@ impl RedisStore {
         let mut call = redis::cmd("EVALSHA");
         call.arg(lua.script.get_hash()).arg(keys.len()).arg(keys);
         args(&mut call);
-        let first = self.send(&call, keys[0]).await;
+        let first = self.send(&call, keys[0], lua.confirmed).await;
         match first {
             Err(Error::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 // Loaded on every node of a cluster, so it is there after a failover too.
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(lua.source);
                 let _hash: String = self.conn.query(&load).await?;
-                self.send(&call, keys[0]).await
+                self.send(&call, keys[0], lua.confirmed).await
             }
             other => other,
         }
@@ -563,10 +567,11 @@ impl RedisStore {
 
     /// Sends one script call, with its `WAIT` when replicas must confirm: a pipeline on one
     /// connection, on a cluster to the primary of `key`'s slot.
-    async fn send(&self, call: &Cmd, key: &str) -> Result<(Value, Option<i64>)> {
+    async fn send(&self, call: &Cmd, key: &str, confirmed: bool) -> Result<(Value, Option<i64>)> {
+        let wait = self.wait.filter(|_| confirmed);
         let mut pipeline = redis::pipe();
         pipeline.add_command(call.clone());
-        if let Some(wait) = self.wait {
+        if let Some(wait) = wait {
             pipeline
                 .cmd("WAIT")
                 .arg(wait.replicas)
@@ -579,7 +584,7 @@ impl RedisStore {
             .unwrap_or(Value::Nil)
             .extract_error()
             .map_err(classify)?;
-        let confirmed = match (self.wait, answers.next()) {
+        let confirmed = match (wait, answers.next()) {
             (None, _) => None,
             (Some(_), Some(Value::Int(confirmed))) => Some(confirmed),
             (Some(_), _) => {
