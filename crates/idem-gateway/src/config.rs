@@ -24,6 +24,7 @@ use idem_core::{ErrorDialect, Fingerprint};
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::duration::{display_duration, parse_duration};
 use crate::routes::{RouteError, RoutePattern};
 use crate::wake::InFlight;
 
@@ -349,35 +350,6 @@ fn parse_upstream(s: &str) -> Result<Uri, String> {
     }
 }
 
-/// A text that is not a duration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "{0:?} is not a duration (a whole number above zero and ms, s, m, h or d, such as 500ms, 10s, 30m, 24h or 7d)"
-)]
-pub(crate) struct DurationError(String);
-
-/// `500ms`, `10s`, `30m`, `24h`, `7d`: every duration the gateway reads, from the file
-/// (`retention`, an `in_flight` wait) or a flag (`--in-flight`). Zero is refused: a retention
-/// of nothing stores nothing, and a wait of nothing is a `409` that pretends otherwise.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, DurationError> {
-    let bad = || DurationError(s.to_owned());
-    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let ms = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(ms)
-        .map(Duration::from_millis)
-        .filter(|d| !d.is_zero())
-        .ok_or_else(bad)
-}
-
 fn parse_key_from(s: &str) -> Result<KeyFrom, String> {
     if let Some(name) = s.strip_prefix("header:") {
         let name =
@@ -529,18 +501,6 @@ impl RawFingerprint {
             } => Ok(FingerprintRule::Whole),
         }
     }
-}
-
-/// A duration as the gateway writes it, in the form [`parse_duration`] reads: the largest unit
-/// up to hours that divides it (`24h` reads better than `1d`).
-pub(crate) fn display_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    for (unit, size) in [("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
-        if ms >= size && ms.is_multiple_of(size) {
-            return format!("{}{unit}", ms / size);
-        }
-    }
-    format!("{ms}ms")
 }
 
 impl KeyRule {
@@ -703,106 +663,91 @@ mod tests {
         assert_eq!(routes[1].rules.errors, ErrorDialect::Problem);
     }
 
-    #[test]
-    fn durations_read_and_print_alike() {
-        for (text, d) in [
-            ("500ms", Duration::from_millis(500)),
-            ("10s", Duration::from_secs(10)),
-            ("30m", Duration::from_secs(1800)),
-            ("24h", Duration::from_secs(86_400)),
-        ] {
-            assert_eq!(parse_duration(text), Ok(d));
-            assert_eq!(display_duration(d), text);
-        }
-        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
-        assert_eq!(display_duration(Duration::from_secs(7 * 86_400)), "168h");
-        for bad in ["", "10", "h", "1.5h", "-1s", "10 s", "10S", "0s"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
-    }
+    /// A file with one error, the line it must name, and a text its message must hold: one case
+    /// per kind of error.
+    const ERRORS_AND_LINES: &[(&str, usize, &str)] = &[
+        (
+            "upstream = \"http://a:1\"\nlisen = \"x\"\n",
+            2,
+            "unknown field `lisen`",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nkye = \"off\"\n",
+            3,
+            "unknown field `kye`",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nfingerprint = { ignor = [] }\n",
+            3,
+            "unknown field `ignor`",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\n\n[[route]]\nmatch = \"POST /a\"\n",
+            5,
+            "can never match",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /v1/*\"\n[[route]]\nmatch = \"POST /v1/{id}/x\"\n",
+            4,
+            "line 2",
+        ),
+        ("[[route]]\nmatch = \"POTS /a\"\n", 2, "method"),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nretention = \"1 day\"\n",
+            3,
+            "not a duration",
+        ),
+        ("retention = \"forever\"\n", 1, "not a duration"),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nfingerprint = { ignore = [\"/ok\", \"trace\"] }\n",
+            3,
+            "JSON pointer",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nkey_from = \"body:id\"\n",
+            3,
+            "JSON pointer",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\n\nfingerprint = { ignore = [\"/a\"], only = [\"/b\"] }\n",
+            4,
+            "not both",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nkey_header = [\"A-Key\"]\nkey_from = \"header:B\"\n",
+            3,
+            "cannot both",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nkey = \"sometimes\"\n",
+            3,
+            "unknown variant",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nerrors = \"rfc\"\n",
+            3,
+            "unknown variant",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nscope_headers = [\"Bad Header\"]\n",
+            3,
+            "not a header name",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nkey_from = \"query:k\"\n",
+            3,
+            "expected \"header:NAME\"",
+        ),
+        ("upstream = \"ftp://x\"\n", 1, "expected http"),
+        ("\n\nlisten = \"localhost\"\n", 3, "listen"),
+        ("[[route]]\nkey = \"off\"\n", 1, "missing field `match`"),
+        ("[[route]]\nmatch = \"POST v1\"\n", 2, "path"),
+    ];
 
     /// Each kind of error names the line of the value at fault.
     #[test]
     fn every_error_names_its_line() {
-        let cases: &[(&str, usize, &str)] = &[
-            (
-                "upstream = \"http://a:1\"\nlisen = \"x\"\n",
-                2,
-                "unknown field `lisen`",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nkye = \"off\"\n",
-                3,
-                "unknown field `kye`",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nfingerprint = { ignor = [] }\n",
-                3,
-                "unknown field `ignor`",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\n\n[[route]]\nmatch = \"POST /a\"\n",
-                5,
-                "can never match",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /v1/*\"\n[[route]]\nmatch = \"POST /v1/{id}/x\"\n",
-                4,
-                "line 2",
-            ),
-            ("[[route]]\nmatch = \"POTS /a\"\n", 2, "method"),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nretention = \"1 day\"\n",
-                3,
-                "not a duration",
-            ),
-            ("retention = \"forever\"\n", 1, "not a duration"),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nfingerprint = { ignore = [\"/ok\", \"trace\"] }\n",
-                3,
-                "JSON pointer",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nkey_from = \"body:id\"\n",
-                3,
-                "JSON pointer",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\n\nfingerprint = { ignore = [\"/a\"], only = [\"/b\"] }\n",
-                4,
-                "not both",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nkey_header = [\"A-Key\"]\nkey_from = \"header:B\"\n",
-                3,
-                "cannot both",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nkey = \"sometimes\"\n",
-                3,
-                "unknown variant",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nerrors = \"rfc\"\n",
-                3,
-                "unknown variant",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nscope_headers = [\"Bad Header\"]\n",
-                3,
-                "not a header name",
-            ),
-            (
-                "[[route]]\nmatch = \"POST /a\"\nkey_from = \"query:k\"\n",
-                3,
-                "expected \"header:NAME\"",
-            ),
-            ("upstream = \"ftp://x\"\n", 1, "expected http"),
-            ("\n\nlisten = \"localhost\"\n", 3, "listen"),
-            ("[[route]]\nkey = \"off\"\n", 1, "missing field `match`"),
-            ("[[route]]\nmatch = \"POST v1\"\n", 2, "path"),
-        ];
-        for (text, line, needle) in cases {
+        for (text, line, needle) in ERRORS_AND_LINES {
             let e = error(text);
             assert_eq!(e.line, *line, "{text:?}: {e}");
             assert!(e.message.contains(needle), "{text:?}: {e} lacks {needle:?}");

@@ -46,6 +46,7 @@ use tower::Layer as _;
 use tower::util::BoxCloneSyncService;
 
 mod config;
+mod duration;
 mod routes;
 mod secret;
 pub mod server;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use idem_store::OutcomeChannel;
 use idem_tower::OutcomeSignal;
 
-use crate::config::{DurationError, display_duration, parse_duration};
+use crate::duration::{DurationError, display_duration, parse_duration};
 
 /// What a duplicate gets while the first request with its key is still at the upstream
 /// (`in_flight = "409"` or `"wait 10s"`).
