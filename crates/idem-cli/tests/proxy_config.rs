@@ -75,6 +75,33 @@ fn check_config_prints_every_route_with_its_defaults() {
     assert!(!dir.path().join("idem-proxy.secret").exists());
 }
 
+/// README's HTTPS walk-through runs `examples/gateway.toml`: it must stay a valid file with
+/// the routes the walk-through shows.
+#[test]
+fn the_shipped_example_configuration_is_valid() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/gateway.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let out = idem(dir.path(), &["proxy", "--check-config", example]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "upstream = \"https://localhost:3443/\"",
+        "match = \"POST /charges\"",
+        "scope_headers = [\"authorization\", \"stripe-account\"]",
+        "errors = \"stripe\"",
+        "key_header = [\"x-github-delivery\"]",
+        "key_from = \"body:/id\"",
+        "match = \"POST /search\"\nkey = \"off\"",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+}
+
 #[test]
 fn flags_override_the_files_top_level_values() {
     let dir = tempfile::tempdir().unwrap();
