@@ -14,7 +14,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures_util::FutureExt as _;
 use idem_consumer::any::{AnySubscription, BrokerSettings};
-use idem_consumer::{Consumer, Handled, Handler, HandlerError, Inbox, Message, Processed};
+use idem_consumer::{
+    Consumer, ConsumerStats, Handled, Handler, HandlerError, Inbox, Message, Processed,
+};
 use idem_core::{Clock, SystemClock};
 use idem_store::{PgStore, SqliteStore};
 use serde::Deserialize;
@@ -39,6 +41,10 @@ pub struct WorkerArgs {
     /// The namespace `idem serve --broker-namespace` publishes under.
     #[arg(long, default_value = "idem")]
     pub broker_namespace: String,
+    /// JetStream: how many servers keep a copy of the stream if this worker creates it; say
+    /// what `idem serve --broker-replicas` says.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=5))]
+    pub broker_replicas: u16,
     /// The consumer group: workers in one group share the events; the inbox is per group.
     #[arg(long, default_value = DEFAULT_CONSUMER)]
     pub consumer: String,
@@ -86,6 +92,7 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     settings.delivery_limit = args.delivery_limit;
     settings.ack_wait = Duration::from_millis(args.ack_wait_ms);
     settings.session_timeout = Duration::from_millis(args.session_timeout_ms);
+    settings.replicas = usize::from(args.broker_replicas);
 
     if let Some(addr) = args.metrics_listen {
         export_metrics(addr).await?;
@@ -117,14 +124,51 @@ async fn work<B: ServiceBackend>(store: B, args: &WorkerArgs) -> anyhow::Result<
     };
     let consumer =
         Consumer::new(args.consumer.clone(), handler).with_delivery_limit(args.delivery_limit);
-    let stats = consumer.run(&mut subscription, shutdown_signal()).await;
+    let stats = consume(&consumer, &settings, &mut subscription).await;
     expiry.abort();
-    let stats = stats.context("the broker failed")?;
     eprintln!(
         "idem worker: {} receipts written, {} duplicates suppressed, {} retried, {} dead-lettered",
         stats.applied, stats.duplicates, stats.retried, stats.dead_lettered
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `consumer` until Ctrl-C or SIGTERM. A subscription that fails (a lost broker, a stream
+/// between leaders) is opened again, after a pause that doubles up to 10 s, rather than ending
+/// the worker: what it had not acknowledged is delivered again, and the inbox suppresses what
+/// it had already applied.
+async fn consume<H: Handler>(
+    consumer: &Consumer<H>,
+    settings: &BrokerSettings,
+    subscription: &mut AnySubscription,
+) -> ConsumerStats {
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut stats = ConsumerStats::default();
+    loop {
+        let Err(e) = consumer
+            .run_counting(subscription, &mut shutdown, &mut stats)
+            .await
+        else {
+            return stats;
+        };
+        tracing::warn!(error = %idem_core::ErrorChain(&e), "the subscription failed; subscribing again");
+        let mut pause = Duration::from_millis(250);
+        *subscription = loop {
+            tokio::select! {
+                () = &mut shutdown => return stats,
+                () = tokio::time::sleep(pause) => {}
+            }
+            match AnySubscription::connect(settings).await {
+                Ok(again) => break again,
+                Err(e) => {
+                    tracing::warn!(error = %idem_core::ErrorChain(&e), "subscribing again failed")
+                }
+            }
+            pause = (pause * 2).min(Duration::from_secs(10));
+        };
+        tracing::info!(broker = %redact(&settings.url), "subscribed again");
+    }
 }
 
 /// Old inbox rows go in batches, every hour, from any worker (deletes are idempotent).

@@ -618,3 +618,69 @@ async fn the_worker_expires_old_inbox_rows_and_keeps_recent_ones() {
         1
     );
 }
+
+/// A three-node JetStream cluster, the stream replicated on all three: `idem serve`'s relay and
+/// `idem worker` keep going while the stream's leader is killed with SIGKILL (every payment made
+/// meanwhile gets its receipt from the two nodes left) and after it is started again, and every
+/// payment gets exactly one receipt.
+#[tokio::test(flavor = "multi_thread")]
+async fn jetstream_leader_killed_on_a_three_node_cluster_every_payment_gets_one_receipt() {
+    const BEFORE: usize = 200;
+    const DURING: usize = 200;
+    const AFTER: usize = 50;
+    let mut cluster = idem_testkit::nats_cluster::NatsCluster::start(3);
+    let broker = cluster.url();
+    let namespace = format!("t{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let stream = format!("IDEM_{}", namespace.to_ascii_uppercase());
+    let database = PgDatabase::create().await;
+    let url = database.url().to_owned();
+    let replicated = ["--broker-replicas", "3"];
+    let w = worker(&broker, &namespace, &url, &replicated);
+    let s = serve(&broker, &namespace, &url, &replicated);
+    let client = reqwest::Client::new();
+    let pay = |payments: std::ops::Range<usize>| {
+        let (client, url) = (client.clone(), s.url().to_owned());
+        futures_util::stream::iter(payments)
+            .map(move |i| {
+                let request = client
+                    .post(format!("{url}/payments"))
+                    .bearer_auth(ALICE)
+                    .header("idempotency-key", format!("cluster-pay-{i}"))
+                    .header("content-type", "application/json")
+                    .body(format!(r#"{{"amount": {}, "currency": "EUR"}}"#, 100 + i));
+                async move {
+                    let response = request.send().await.expect("create a payment");
+                    assert_eq!(response.status(), 201);
+                }
+            })
+            .buffer_unordered(16)
+            .for_each(|_| async {})
+    };
+    let db = pool(&url).await;
+    pay(0..BEFORE).await;
+    await_receipts(&db, (BEFORE / 2) as i64, &[&w]).await;
+
+    let leader = cluster.stream_leader(&stream);
+    let in_flight = count(&db, "SELECT count(*) FROM receipts").await;
+    cluster.kill(&leader);
+    let killed = Instant::now();
+    pay(BEFORE..BEFORE + DURING).await;
+    await_receipts(&db, (BEFORE + DURING) as i64, &[&w]).await;
+    let caught_up = killed.elapsed();
+    let new_leader = cluster.stream_leader(&stream);
+    assert_ne!(new_leader, leader, "a surviving node leads the stream");
+
+    cluster.restart(&leader);
+    pay(BEFORE + DURING..BEFORE + DURING + AFTER).await;
+    let total = (BEFORE + DURING + AFTER) as i64;
+    await_receipts(&db, total, &[&w]).await;
+    assert_one_receipt_per_event(&db, total).await;
+    eprintln!(
+        "jetstream cluster: {total} payments, {total} receipts, one each; the stream's leader \
+         {leader} killed with {in_flight} receipts written, {new_leader} led next; the {DURING} \
+         payments made without it all had receipts {:.1} s after the kill; {leader} restarted \
+         and {AFTER} more went through; duplicates suppressed by the inbox: {}",
+        caught_up.as_secs_f64(),
+        w.count_lines("duplicate suppressed")
+    );
+}

@@ -107,6 +107,10 @@ pub struct BrokerSettings {
     /// Kafka only: how long the group waits for a silent consumer before giving its
     /// partitions to another (default 10 s).
     pub session_timeout: Duration,
+    /// JetStream only: how many servers keep a copy of the stream (default 1; 3 on a
+    /// three-node cluster). RabbitMQ's quorum queues and Kafka's topics take their replication
+    /// from the broker's own settings.
+    pub replicas: usize,
 }
 
 impl BrokerSettings {
@@ -127,6 +131,7 @@ impl BrokerSettings {
             retry_delay: Duration::ZERO,
             prefetch: 1,
             session_timeout: Duration::from_secs(10),
+            replicas: 1,
         }
     }
 
@@ -147,6 +152,7 @@ impl BrokerSettings {
             ack_wait: self.ack_wait,
             retry_delay: self.retry_delay,
             prefetch: usize::from(self.prefetch.max(1)),
+            replicas: self.replicas.max(1),
             ..NatsConfig::new(&self.url, &self.namespace)
         }
     }

@@ -84,24 +84,42 @@ impl<H: Handler> Consumer<H> {
         &self.handler
     }
 
-    /// Consumes until the subscription ends or `shutdown` completes. Returns on a broker error
-    /// (the caller reconnects); unacknowledged deliveries are redelivered by the broker.
+    /// Consumes until the subscription ends or `shutdown` completes. Returns when the
+    /// subscription fails (the caller reconnects); unacknowledged deliveries are redelivered by
+    /// the broker. A delivery whose outcome the broker did not take (an ack that timed out while
+    /// a JetStream stream elected a new leader, say) is logged and left: the broker delivers it
+    /// again, and the inbox turns that delivery into "already done".
     pub async fn run<S: Subscription>(
         &self,
         subscription: &mut S,
         shutdown: impl Future<Output = ()>,
     ) -> Result<ConsumerStats, BrokerError> {
-        tokio::pin!(shutdown);
         let mut stats = ConsumerStats::default();
+        self.run_counting(subscription, shutdown, &mut stats)
+            .await
+            .map(|()| stats)
+    }
+
+    /// [`run`](Self::run), adding what it does to `stats` as it goes, so that a caller that
+    /// subscribes again after a failure keeps the counts of every run.
+    pub async fn run_counting<S: Subscription>(
+        &self,
+        subscription: &mut S,
+        shutdown: impl Future<Output = ()>,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), BrokerError> {
+        tokio::pin!(shutdown);
         loop {
             let delivery = tokio::select! {
-                () = &mut shutdown => return Ok(stats),
+                () = &mut shutdown => return Ok(()),
                 next = subscription.next() => match next? {
                     Some(delivery) => delivery,
-                    None => return Ok(stats),
+                    None => return Ok(()),
                 },
             };
-            self.settle(delivery, &mut stats).await?;
+            if let Err(e) = self.settle(delivery, stats).await {
+                tracing::warn!(error = %idem_core::ErrorChain(&e), consumer = %self.name, "the broker did not take a delivery's outcome; it will deliver it again");
+            }
         }
     }
 

@@ -45,6 +45,10 @@ use crate::received::{Received, Source, event_id, fmt_fields};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "nats";
+/// How long one pull waits on the server for messages before the client asks again.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
+/// How often the server says an open pull is still alive.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
 /// The header JetStream dedupes on.
 const MSG_ID: &str = "Nats-Msg-Id";
 /// The original event id on a dead letter, whose `Nats-Msg-Id` is its own.
@@ -57,7 +61,9 @@ const DEAD_GROUP: &str = "Idem-Consumer-Group";
 /// Where and how to use JetStream.
 #[derive(Debug, Clone)]
 pub struct NatsConfig {
-    /// The server, e.g. `nats://127.0.0.1:4222`.
+    /// The server, e.g. `nats://127.0.0.1:4222`, or several servers of one cluster separated
+    /// by commas (`nats://a:4222,nats://b:4222,nats://c:4222`): the client connects to one and
+    /// moves to another when it is lost.
     pub url: String,
     /// Keeps deployments (and tests) apart: the stream is `IDEM_{NAMESPACE}`, subjects
     /// `{namespace}.{topic}`. 1 to 64 of `A-Z a-z 0-9 _ -`.
@@ -81,6 +87,11 @@ pub struct NatsConfig {
     pub retry_delay: Duration,
     /// How many messages one pull asks for (default 1; see the module docs).
     pub prefetch: usize,
+    /// How many servers of a cluster keep a copy of the stream (default 1; 3 on a three-node
+    /// cluster, so a publish is acknowledged only once a majority stored it and the stream
+    /// survives losing any one server). Set when the stream is created; an existing stream
+    /// keeps its own. The consumers inherit it.
+    pub replicas: usize,
 }
 
 impl NatsConfig {
@@ -95,6 +106,7 @@ impl NatsConfig {
             delivery_limit: 5,
             retry_delay: Duration::ZERO,
             prefetch: 1,
+            replicas: 1,
         }
     }
 
@@ -131,10 +143,19 @@ fn check_nats_topic(topic: &str) -> Result<(), BrokerError> {
     Ok(())
 }
 
-/// Checks the namespace and connects to JetStream.
+/// Checks the namespace and connects to JetStream, through any of the servers the URL lists.
 async fn connect(config: &NatsConfig) -> Result<Context, BrokerError> {
     check_plain_name(BROKER, "namespace", &config.namespace)?;
-    let client = async_nats::connect(&config.url)
+    // async-nats reads one address from a string; a cluster's list is split here.
+    let servers = config
+        .url
+        .split(',')
+        .map(|server| server.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            BrokerError::new(BROKER, format!("reading the server list {}", config.url), e)
+        })?;
+    let client = async_nats::connect(servers)
         .await
         .map_err(|e| BrokerError::new(BROKER, format!("connecting to {}", config.url), e))?;
     Ok(jetstream::new(client))
@@ -151,6 +172,7 @@ async fn open(config: &NatsConfig) -> Result<(Context, stream::Stream), BrokerEr
             duplicate_window: config.duplicate_window,
             max_age: config.max_age,
             storage: stream::StorageType::File,
+            num_replicas: config.replicas.max(1),
             ..Default::default()
         })
         .await
@@ -295,9 +317,15 @@ impl NatsSubscription {
                     e,
                 )
             })?;
+        // A pull lives on the consumer's leader. When that server dies the pull is lost, and the
+        // client only notices by missed heartbeats: two of them, 30 s with async-nats's
+        // defaults (15 s heartbeats, 30 s pulls). Short pulls and 1 s heartbeats make a lost
+        // leader cost about 2 s, for one small request every 5 s while idle.
         let messages = consumer
             .stream()
             .max_messages_per_batch(config.prefetch.max(1))
+            .expires(PULL_EXPIRES)
+            .heartbeat(PULL_HEARTBEAT)
             .messages()
             .await
             .map_err(|e| BrokerError::new(BROKER, format!("pulling from {durable}"), e))?;

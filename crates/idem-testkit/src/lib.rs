@@ -14,6 +14,7 @@
 //! [`assert_unfinished_heads_are_closed`] checks that an HTTP server closes a connection
 //! whose request head never completes (a slowloris), whichever server it is.
 
+pub mod nats_cluster;
 pub mod redis_cluster;
 
 use std::net::{SocketAddr, TcpStream};

@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// Keeps this deployment's streams, exchanges and topics apart from others' on the broker.
     #[arg(long, default_value = "idem")]
     pub broker_namespace: String,
+    /// JetStream: how many servers keep a copy of the stream when it is created (3 on a
+    /// three-node cluster; `--broker` then lists the servers, `nats://A,nats://B,nats://C`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=5))]
+    pub broker_replicas: u16,
     /// How often the relay looks for events to publish, in milliseconds.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     pub relay_poll_ms: u64,
@@ -174,12 +178,14 @@ impl ServeConfig {
         config.fault_pause = args.fault_pause;
         config.wait_for_outcome = Duration::from_secs(args.wait_for_outcome_secs);
         config.broker = args.broker.as_ref().map(|url| {
-            idem_consumer::any::BrokerSettings::new(
+            let mut settings = idem_consumer::any::BrokerSettings::new(
                 url.clone(),
                 args.broker_namespace.clone(),
                 runtime::PAYMENTS_TOPIC,
                 runtime::DEFAULT_CONSUMER,
-            )
+            );
+            settings.replicas = usize::from(args.broker_replicas);
+            settings
         });
         config.relay_poll = Duration::from_millis(args.relay_poll_ms);
         config.fault_pause_after_publish = args.fault_pause_after_publish;
