@@ -509,6 +509,33 @@ async fn kafka_relay_killed_after_publishing_is_deduplicated_by_the_inbox() {
     w.await_line("duplicate suppressed");
 }
 
+/// Makes the payments `range` (key `{prefix}-{i}`, amount `100 + i`), spread over `urls` in
+/// turn, `in_flight` at a time; each must be created.
+async fn make_payments(
+    urls: &[String],
+    prefix: &str,
+    range: std::ops::Range<usize>,
+    in_flight: usize,
+) {
+    let client = reqwest::Client::new();
+    futures_util::stream::iter(range)
+        .map(|i| {
+            let request = client
+                .post(format!("{}/payments", urls[i % urls.len()]))
+                .bearer_auth(ALICE)
+                .header("idempotency-key", format!("{prefix}-{i}"))
+                .header("content-type", "application/json")
+                .body(format!(r#"{{"amount": {}, "currency": "EUR"}}"#, 100 + i));
+            async move {
+                let response = request.send().await.expect("create a payment");
+                assert_eq!(response.status(), 201);
+            }
+        })
+        .buffer_unordered(in_flight)
+        .for_each(|_| async {})
+        .await;
+}
+
 /// Two `idem serve` instances on one PostgreSQL database, each relaying the outbox, and two
 /// workers in one group: every payment's receipt is written once, none is lost.
 async fn two_relays_two_workers(broker: &str) {
@@ -520,24 +547,8 @@ async fn two_relays_two_workers(broker: &str) {
     let w2 = worker(broker, namespace.name(), &url, &[]);
     let s1 = serve(broker, namespace.name(), &url, &[]);
     let s2 = serve(broker, namespace.name(), &url, &[]);
-    let client = reqwest::Client::new();
     let urls = [s1.url().to_owned(), s2.url().to_owned()];
-    futures_util::stream::iter(0..PAYMENTS)
-        .map(|i| {
-            let request = client
-                .post(format!("{}/payments", urls[i % 2]))
-                .bearer_auth(ALICE)
-                .header("idempotency-key", format!("two-relays-{i}"))
-                .header("content-type", "application/json")
-                .body(format!(r#"{{"amount": {}, "currency": "EUR"}}"#, 100 + i));
-            async move {
-                let response = request.send().await.expect("create a payment");
-                assert_eq!(response.status(), 201);
-            }
-        })
-        .buffer_unordered(32)
-        .for_each(|_| async {})
-        .await;
+    make_payments(&urls, "two-relays", 0..PAYMENTS, 32).await;
 
     let db = pool(&url).await;
     await_receipts(&db, PAYMENTS as i64, &[&w1, &w2]).await;
@@ -637,25 +648,8 @@ async fn jetstream_leader_killed_on_a_three_node_cluster_every_payment_gets_one_
     let replicated = ["--broker-replicas", "3"];
     let w = worker(&broker, &namespace, &url, &replicated);
     let s = serve(&broker, &namespace, &url, &replicated);
-    let client = reqwest::Client::new();
-    let pay = |payments: std::ops::Range<usize>| {
-        let (client, url) = (client.clone(), s.url().to_owned());
-        futures_util::stream::iter(payments)
-            .map(move |i| {
-                let request = client
-                    .post(format!("{url}/payments"))
-                    .bearer_auth(ALICE)
-                    .header("idempotency-key", format!("cluster-pay-{i}"))
-                    .header("content-type", "application/json")
-                    .body(format!(r#"{{"amount": {}, "currency": "EUR"}}"#, 100 + i));
-                async move {
-                    let response = request.send().await.expect("create a payment");
-                    assert_eq!(response.status(), 201);
-                }
-            })
-            .buffer_unordered(16)
-            .for_each(|_| async {})
-    };
+    let urls = [s.url().to_owned()];
+    let pay = |payments| make_payments(&urls, "cluster-pay", payments, 16);
     let db = pool(&url).await;
     pay(0..BEFORE).await;
     await_receipts(&db, (BEFORE / 2) as i64, &[&w]).await;

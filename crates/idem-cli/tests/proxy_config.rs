@@ -21,6 +21,19 @@ fn idem(dir: &std::path::Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `idem proxy --check-config PATH` in `dir`: what it printed, once it said the file is valid.
+fn valid_config(dir: &std::path::Path, path: &str) -> String {
+    let out = idem(dir, &["proxy", "--check-config", path]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 fn write(dir: &std::path::Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).unwrap();
@@ -31,14 +44,7 @@ fn write(dir: &std::path::Path, name: &str, text: &str) -> String {
 fn check_config_prints_every_route_with_its_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "gateway.toml", GOOD);
-    let out = idem(dir.path(), &["proxy", "--check-config", &path]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = valid_config(dir.path(), &path);
     for route in [
         "POST /v1/charges",
         "POST /webhooks/github",
@@ -81,14 +87,7 @@ fn check_config_prints_every_route_with_its_defaults() {
 fn the_shipped_example_configuration_is_valid() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/gateway.toml");
     let dir = tempfile::tempdir().unwrap();
-    let out = idem(dir.path(), &["proxy", "--check-config", example]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = valid_config(dir.path(), example);
     for line in [
         "upstream = \"https://localhost:3443/\"",
         "match = \"POST /charges\"",
