@@ -15,7 +15,8 @@ use anyhow::Context as _;
 use futures_util::FutureExt as _;
 use idem_consumer::any::{AnySubscription, BrokerSettings};
 use idem_consumer::{
-    Consumer, ConsumerStats, Handled, Handler, HandlerError, Inbox, Message, Processed,
+    Consumer, ConsumerStats, Handled, Handler, HandlerError, Inbox, Message, ProcessError,
+    Processed,
 };
 use idem_core::{Clock, SystemClock};
 use idem_store::{PgStore, SqliteStore};
@@ -235,7 +236,15 @@ impl<B: ServiceBackend> Handler for ReceiptWriter<B> {
                 async move { B::insert_receipt(conn, &receipt).await }.boxed()
             })
             .await
-            .map_err(|e| HandlerError::Transient(Box::new(e)))?;
+            .map_err(|e| {
+                // On PostgreSQL, a primary gone or turned read-only is looked for again.
+                if let ProcessError::Database { source, .. }
+                | ProcessError::Handler { source, .. } = &e
+                {
+                    self.store.failed(source);
+                }
+                HandlerError::Transient(Box::new(e))
+            })?;
         match processed {
             Processed::Applied(()) => {
                 let n = self.applied.fetch_add(1, Ordering::Relaxed) + 1;

@@ -5,25 +5,24 @@
 //!
 //! Each test prints what it measured (`--nocapture` shows it).
 
+#[path = "common/payments.rs"]
+mod payments;
 #[path = "common/processes.rs"]
 mod processes;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures_util::future::join_all;
-use idem_client::{Client, Intent, RetryBudget, RetryPolicy};
-use idem_core::{IdempotencyKey, KeyLimits};
+use payments::{
+    Load, STRIDE, Seen, Workers, assert_one_payment_per_key, assert_only_payments_and_refusals,
+    lock_waiters, logs, tally,
+};
 use processes::{Cluster, PgDatabase, Serve};
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use reqwest::header::{AUTHORIZATION, HeaderValue, RETRY_AFTER};
 use sqlx::{Connection, PgConnection};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 const KEYS: usize = 200;
@@ -32,351 +31,6 @@ const COPIES: usize = 10;
 /// The tests measure bursts on a small machine: one at a time, so they do not measure each
 /// other.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// One answer (or the lack of one) as a client saw it.
-#[derive(Debug, Clone)]
-struct Seen {
-    key: usize,
-    instance: usize,
-    /// `None`: no response at all (connection refused or cut, timeout).
-    status: Option<u16>,
-    retry_after: Option<String>,
-    replayed: bool,
-    /// The payment id of a `201`.
-    id: Option<String>,
-    body: Bytes,
-    /// Why there was no response.
-    error: Option<String>,
-    sent: Instant,
-    answered: Instant,
-}
-
-impl Seen {
-    fn created(&self) -> bool {
-        self.status == Some(201)
-    }
-
-    fn label(&self) -> String {
-        match self.status {
-            None => "no response".into(),
-            Some(201) if self.replayed => "201 replayed".into(),
-            Some(201) => "201 fresh".into(),
-            Some(code) => code.to_string(),
-        }
-    }
-}
-
-/// Every answer of a test, in the order they arrived; waiters are woken on each one.
-#[derive(Default)]
-struct Journal {
-    seen: Mutex<Vec<Seen>>,
-    changed: Notify,
-}
-
-impl Journal {
-    fn record(&self, seen: Seen) {
-        self.lock().push(seen);
-        self.changed.notify_waiters();
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Seen>> {
-        // Only pushes and reads happen under the lock; a panic cannot leave it half-written.
-        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn snapshot(&self) -> Vec<Seen> {
-        self.lock().clone()
-    }
-
-    /// Waits until `done` holds for the answers so far, or panics at `deadline`.
-    async fn until(&self, what: &str, deadline: Instant, done: impl Fn(&[Seen]) -> bool) {
-        loop {
-            // Registered before the check, so an answer arriving in between still wakes us.
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if done(&self.lock()) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                panic!("timed out waiting for {what}");
-            }
-        }
-    }
-}
-
-/// Sends payment intents to the instances and records every answer.
-struct Load {
-    client: Client,
-    urls: Vec<String>,
-    prefix: &'static str,
-    journal: Arc<Journal>,
-    backoff: RetryPolicy,
-    deadline: Instant,
-    attempts: AtomicUsize,
-}
-
-impl Load {
-    fn new(instances: &[Serve], prefix: &'static str, deadline: Instant) -> Self {
-        // reqwest opens a connection per concurrent request (no cap), so a burst goes out at
-        // once.
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .expect("an HTTP client");
-        // One attempt per `send`: the test runs the retry loop itself so that it sees every
-        // answer, a 500 included, which the client's own loop would retry silently.
-        let client = Client::new()
-            .with_http_client(http)
-            .with_budget(RetryBudget::unlimited())
-            .with_policy(RetryPolicy {
-                max_attempts: 1,
-                attempt_timeout: Duration::from_secs(20),
-                ..RetryPolicy::default()
-            });
-        Self {
-            client,
-            urls: instances.iter().map(|s| s.url.clone()).collect(),
-            prefix,
-            journal: Arc::default(),
-            backoff: RetryPolicy {
-                base: Duration::from_millis(20),
-                cap: Duration::from_millis(500),
-                max_attempts: u32::MAX,
-                ..RetryPolicy::default()
-            },
-            deadline,
-            attempts: AtomicUsize::new(0),
-        }
-    }
-
-    fn key(&self, key: usize) -> String {
-        format!("{}-{key:06}", self.prefix)
-    }
-
-    fn intent(&self, key: usize, instance: usize) -> Intent {
-        let key_name = IdempotencyKey::new(self.key(key), KeyLimits::default()).expect("valid");
-        Intent::post(format!("{}/payments", self.urls[instance]))
-            .with_key(key_name)
-            .header(
-                AUTHORIZATION,
-                HeaderValue::from_static("Bearer sk_test_alice"),
-            )
-            .json(&serde_json::json!({"amount": 1000 + key, "currency": "EUR"}))
-    }
-
-    /// Sends one copy of `key` to `instance` until it gets a final answer, and returns that.
-    /// A refusal (409, 503, or a 500 that must not happen) is retried on the same instance
-    /// after its `Retry-After`; no response at all moves the copy to the next instance, as a
-    /// client behind a load balancer would.
-    async fn copy(&self, key: usize, mut instance: usize) -> Seen {
-        let mut waits = self.backoff.delays(StdRng::from_os_rng());
-        loop {
-            let intent = self.intent(key, instance);
-            let sent = Instant::now();
-            self.attempts.fetch_add(1, Ordering::Relaxed);
-            let (status, headers, body, replayed, error, is_final) =
-                match self.client.send(&intent).await {
-                    Ok(answer) => (
-                        Some(answer.status.as_u16()),
-                        answer.headers,
-                        answer.body,
-                        answer.replayed,
-                        None,
-                        true,
-                    ),
-                    Err(idem_client::Error::Status { last, .. }) => (
-                        Some(last.status.as_u16()),
-                        last.headers,
-                        last.body,
-                        false,
-                        None,
-                        false,
-                    ),
-                    Err(e @ idem_client::Error::Transport { .. }) => (
-                        None,
-                        Default::default(),
-                        Bytes::new(),
-                        false,
-                        Some(format!("{:#}", anyhow::Error::new(e))),
-                        false,
-                    ),
-                    Err(e) => panic!("the request for key {key} could not be sent: {e}"),
-                };
-            let id = (status == Some(201))
-                .then(|| serde_json::from_slice::<serde_json::Value>(&body).ok())
-                .flatten()
-                .and_then(|v| v["id"].as_str().map(str::to_owned));
-            let seen = Seen {
-                key,
-                instance,
-                status,
-                retry_after: headers
-                    .get(RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned),
-                replayed,
-                id,
-                body,
-                error,
-                sent,
-                answered: Instant::now(),
-            };
-            self.journal.record(seen.clone());
-            if is_final {
-                return seen;
-            }
-            assert!(
-                Instant::now() < self.deadline,
-                "key {} got no final answer in time; the last attempt got {seen:?}",
-                self.key(key)
-            );
-            let jittered = waits.next().expect("the backoff never runs out");
-            let wait = match &seen.retry_after {
-                // The service asks for whole seconds; capped so a test never idles long.
-                Some(asked) => asked.parse().map_or(jittered, |secs| {
-                    Duration::from_secs(secs).min(Duration::from_secs(2))
-                }),
-                None => jittered,
-            };
-            if seen.status.is_none() {
-                instance = (instance + 1) % self.urls.len();
-            }
-            tokio::time::sleep(wait).await;
-        }
-    }
-}
-
-/// Answers by label, for the figures.
-fn tally<'a>(seen: impl IntoIterator<Item = &'a Seen>) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for s in seen {
-        *counts.entry(s.label()).or_default() += 1;
-    }
-    counts
-}
-
-/// Every answer is a `201`, or a refusal the client may retry: `409` or `503`, each with
-/// `Retry-After`. Anything else (a `500` above all) fails with the answer and the instances'
-/// logs as evidence.
-fn assert_only_payments_and_refusals(seen: &[Seen], no_response_allowed: bool, logs: &[String]) {
-    let bad: Vec<&Seen> = seen
-        .iter()
-        .filter(|s| match s.status {
-            Some(201) => false,
-            Some(409 | 503) => s.retry_after.is_none(),
-            Some(_) => true,
-            None => !no_response_allowed,
-        })
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "{} unexpected answers, the first: {:?} (body {:?}); answers by status: {:?}\nlogs:\n{}",
-        bad.len(),
-        bad[0],
-        String::from_utf8_lossy(&bad[0].body),
-        tally(seen),
-        logs.join("\n---\n")
-    );
-}
-
-/// The final state in the database: one payment per key that got a `201`, with the id every
-/// `201` of that key carried; no other payment; every key row completed, none in progress.
-/// Returns the payment count.
-async fn assert_one_payment_per_key(database: &str, load: &Load, seen: &[Seen]) -> usize {
-    let mut ids: HashMap<String, HashSet<&str>> = HashMap::new();
-    for s in seen.iter().filter(|s| s.created()) {
-        ids.entry(load.key(s.key))
-            .or_default()
-            .insert(s.id.as_deref().expect("a 201 carries an id"));
-    }
-    for (key, key_ids) in &ids {
-        assert_eq!(
-            key_ids.len(),
-            1,
-            "key {key} answered with several ids: {key_ids:?}"
-        );
-    }
-
-    let mut db = PgConnection::connect(database).await.expect("connect");
-    let rows: Vec<(Option<String>, String)> =
-        sqlx::query_as("SELECT idem_key, id FROM payments ORDER BY idem_key")
-            .fetch_all(&mut db)
-            .await
-            .expect("read payments");
-    let mut stored: HashMap<String, Vec<String>> = HashMap::new();
-    for (key, id) in rows.iter().cloned() {
-        stored
-            .entry(key.expect("every payment was made with a key"))
-            .or_default()
-            .push(id);
-    }
-    let doubled: Vec<_> = stored.iter().filter(|(_, p)| p.len() > 1).collect();
-    assert!(
-        doubled.is_empty(),
-        "keys charged more than once: {doubled:?}"
-    );
-    assert_eq!(
-        stored.len(),
-        ids.len(),
-        "payments for keys that never got a 201, or 201s without a payment"
-    );
-    for (key, key_ids) in &ids {
-        let stored_id = stored.get(key).map(|p| p[0].as_str());
-        assert_eq!(
-            stored_id,
-            key_ids.iter().next().copied(),
-            "key {key}: the answered id is not the stored payment"
-        );
-    }
-
-    let in_progress: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE status = 'in_progress'")
-            .fetch_one(&mut db)
-            .await
-            .expect("count keys in progress");
-    assert_eq!(in_progress, 0, "keys left in progress");
-    let completed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE status = 'completed'")
-            .fetch_one(&mut db)
-            .await
-            .expect("count completed keys");
-    assert_eq!(
-        completed as usize,
-        ids.len(),
-        "one completed key row per key"
-    );
-    db.close().await.expect("close");
-    rows.len()
-}
-
-/// Waits until `n` sessions of `database` running a statement that contains `statement` are
-/// blocked on a lock. PostgreSQL announces no such event, so this watches its own view of its
-/// sessions, with a deadline.
-async fn lock_waiters(database: &str, statement: &str, n: i64, deadline: Instant) {
-    let mut db = PgConnection::connect(database).await.expect("connect");
-    let mut every = tokio::time::interval(Duration::from_millis(10));
-    loop {
-        every.tick().await;
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'
-               AND strpos(query, $1) > 0",
-        )
-        .bind(statement)
-        .fetch_one(&mut db)
-        .await
-        .expect("read pg_stat_activity");
-        if waiting >= n {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{waiting} sessions waiting on a lock in {statement:?}, not {n}"
-        );
-    }
-    db.close().await.expect("close");
-}
 
 /// `KEYS` keys × `COPIES` copies, the copies of each key split evenly between two instances,
 /// in a random order.
@@ -431,10 +85,6 @@ fn assert_one_fresh_answer_per_key_unless_cut(finals: &[Seen], cut_keys: &HashSe
             .collect::<Vec<_>>(),
         tally(finals)
     );
-}
-
-fn logs(instances: &[Serve]) -> Vec<String> {
-    instances.iter().map(|serve| serve.log()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -611,8 +261,6 @@ async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_kept() {
     const WORKERS: usize = 16;
-    // Keys of worker `w` are `w * STRIDE + n`.
-    const STRIDE: usize = 100_000;
     // Keys of the requests the crash catches inside the handler, one per instance.
     const CAUGHT: [usize; 2] = [90 * STRIDE, 91 * STRIDE];
     let _one = ONE_AT_A_TIME.lock().await;
@@ -623,21 +271,7 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
     ];
     let deadline = Instant::now() + Duration::from_secs(40);
     let load = Arc::new(Load::new(&instances, "outage", deadline));
-    let stop = Arc::new(AtomicBool::new(false));
-
-    // Each worker pays one intent after another, each until it gets its 201.
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|w| {
-            let (load, stop) = (load.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    load.copy(w * STRIDE + n, w % 2).await;
-                    n += 1;
-                }
-            })
-        })
-        .collect();
+    let workers = Workers::start(&load, WORKERS);
     let journal = load.journal.clone();
     let created = |s: &[Seen]| s.iter().filter(|s| s.created()).count();
 
@@ -718,9 +352,9 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
             created(s) >= created_before_restart + 150
         })
         .await;
-    stop.store(true, Ordering::Relaxed);
-    for worker in workers.into_iter().chain(caught) {
-        worker.await.expect("a worker finished its last intent");
+    workers.stop().await;
+    for worker in caught {
+        worker.await.expect("a caught request got its final answer");
     }
     // The crash ended the holding transaction; nothing of it is left to close.
     drop(holding);

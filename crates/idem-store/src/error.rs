@@ -15,6 +15,10 @@ pub enum Error {
     /// Applying the schema migrations failed.
     #[error("migrating the idempotency store's schema failed")]
     Migrate(#[source] sqlx::migrate::MigrateError),
+    /// The PostgreSQL URL cannot be used.
+    #[cfg(feature = "postgres")]
+    #[error("the PostgreSQL URL of the idempotency store is invalid")]
+    Url(#[source] crate::PgUrlError),
     /// Redis answered with an error.
     #[cfg(feature = "redis")]
     #[error("the Redis idempotency store failed")]
@@ -44,9 +48,9 @@ impl From<sqlx::Error> for Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Whether a database error means the database cannot be reached (a lost or refused
-/// connection, no free connection, a server shutting down or starting up) rather than that it
-/// refused the statement. Callers answer the first with `503` and `Retry-After`, since a retry
-/// may succeed; classified by kind and SQLSTATE, never by message.
+/// connection, no free connection, a server shutting down or starting up, a node that takes no
+/// writes) rather than that it refused the statement. Callers answer the first with `503` and
+/// `Retry-After`, since a retry may succeed; classified by kind and SQLSTATE, never by message.
 pub fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
@@ -55,9 +59,12 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
         | sqlx::Error::Tls(_)
         | sqlx::Error::WorkerCrashed => true,
         // Class 08: connection exceptions; 53300: too many connections; 57P01-03: the server
-        // is shutting down, crashed, or cannot accept connections yet.
+        // is shutting down, crashed, or cannot accept connections yet; 25006
+        // (read_only_sql_transaction): a standby, or a primary demoted under the session,
+        // refused a write, and the primary is elsewhere for now.
         sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08") || matches!(&*code, "53300" | "57P01" | "57P02" | "57P03")
+            code.starts_with("08")
+                || matches!(&*code, "53300" | "57P01" | "57P02" | "57P03" | "25006")
         }),
         _ => false,
     }

@@ -7,8 +7,9 @@
 //! against every backend.
 //!
 //! Backends: [`SqliteStore`] (feature `sqlite`, the embedded default), [`PgStore`] (feature
-//! `postgres`, shared by many server instances) and [`RedisStore`] (feature `redis`, lease mode
-//! only: the gateway's).
+//! `postgres`, shared by many server instances, and following its primary to a promoted
+//! standby when its URL names both) and [`RedisStore`] (feature `redis`, lease mode only: the
+//! gateway's).
 //!
 //! ```
 //! use idem_core::*;
@@ -65,7 +66,7 @@ pub mod testing;
 pub use error::{Error, Result, is_unavailable};
 pub use notify::OutcomeChannel;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgStore, PgTx};
+pub use postgres::{NoPrimary, PgStore, PgTx, PgUrlError};
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisStore, ReplicasUnconfirmed};
 #[cfg(feature = "sqlite")]

@@ -62,15 +62,20 @@ const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 /// A notification reaches the sessions listening in the same database only, so one channel
 /// name serves every gateway: those on one database share its records, those on others never
 /// hear each other. The listener holds one of the pool's connections for as long as it runs;
-/// sqlx's `PgListener` reconnects by itself (and listens again) after losing it.
+/// sqlx's `PgListener` reconnects by itself (and listens again) after losing it. When the store
+/// moves its pool to another host (a URL with several hosts, after a failover), the listener
+/// moves too: left on the old host, it would hear nothing the others publish on the new one.
 #[cfg(feature = "postgres")]
 mod pg {
     use super::*;
     use crate::PgStore;
     use sqlx::postgres::PgListener;
+    use tokio::sync::watch;
 
     /// The channel outcomes are published on; `idem serve` uses the same one.
     const PG_CHANNEL: &str = "idem_outcome";
+
+    type Wake = Arc<dyn Fn(&str) + Send + Sync>;
 
     impl OutcomeChannel for PgStore {
         async fn publish_outcome(&self, label: &str) -> Result<()> {
@@ -79,36 +84,101 @@ mod pg {
                 .bind(PG_CHANNEL)
                 .bind(label)
                 .execute(self.pool())
-                .await?;
+                .await
+                .inspect_err(|e| self.notice(e))?;
             Ok(())
         }
 
-        async fn listen_outcomes(
-            &self,
-            wake: Arc<dyn Fn(&str) + Send + Sync>,
-        ) -> Result<JoinHandle<()>> {
-            let mut listener = PgListener::connect_with(self.pool()).await?;
-            listener.listen(PG_CHANNEL).await?;
-            Ok(tokio::spawn(async move {
-                let mut pause = MIN_RECONNECT_PAUSE;
-                loop {
-                    match listener.recv().await {
-                        Ok(notification) => {
-                            pause = MIN_RECONNECT_PAUSE;
-                            wake(notification.payload());
-                        }
-                        // The store's pool was closed: nothing is left to listen with.
-                        Err(sqlx::Error::PoolClosed) => return,
-                        // A lost connection is re-established by the next `recv`; this error
-                        // means that failed, so pause before the next try.
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot listen for outcome wake-ups; retrying");
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
-                        }
+        async fn listen_outcomes(&self, wake: Wake) -> Result<JoinHandle<()>> {
+            // Watched from before the first listener exists, so no move goes unseen.
+            let moves = self.primary_moves();
+            let listener = listen(self).await.inspect_err(|e| self.notice(e))?;
+            Ok(tokio::spawn(relay(self.clone(), listener, moves, wake)))
+        }
+    }
+
+    /// A listener on a connection of the store's pool, listening.
+    async fn listen(store: &PgStore) -> Result<PgListener, sqlx::Error> {
+        let mut listener = PgListener::connect_with(store.pool()).await?;
+        listener.listen(PG_CHANNEL).await?;
+        Ok(listener)
+    }
+
+    /// Hands every notification to `wake`; listens anew, on the host the pool moved to, after
+    /// each move. Ends when the store's pool is closed.
+    async fn relay(
+        store: PgStore,
+        mut listener: PgListener,
+        mut moves: Option<watch::Receiver<usize>>,
+        wake: Wake,
+    ) {
+        while hear(&store, &mut listener, &wake, &mut moves).await {
+            // Its connection goes back to the pool, which closes it rather than hand it out
+            // again: it leads to the old host.
+            drop(listener);
+            listener = match listen_again(&store).await {
+                Some(listener) => listener,
+                None => return,
+            };
+        }
+    }
+
+    /// Hears on `listener` until the pool moves to another host (`true`) or is closed.
+    async fn hear(
+        store: &PgStore,
+        listener: &mut PgListener,
+        wake: &Wake,
+        moves: &mut Option<watch::Receiver<usize>>,
+    ) -> bool {
+        let mut pause = MIN_RECONNECT_PAUSE;
+        loop {
+            tokio::select! {
+                received = listener.recv() => match received {
+                    Ok(notification) => {
+                        pause = MIN_RECONNECT_PAUSE;
+                        wake(notification.payload());
                     }
+                    // The store's pool was closed: nothing is left to listen with.
+                    Err(sqlx::Error::PoolClosed) => return false,
+                    // A lost connection is re-established by the next `recv`; this error
+                    // means that failed, so pause before the next try.
+                    Err(e) => {
+                        store.notice(&e);
+                        tracing::warn!(error = %e, "cannot listen for outcome wake-ups; retrying");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
+                    }
+                },
+                () = moved(moves) => return true,
+            }
+        }
+    }
+
+    /// Completes when the pool moves to another host; never, for a URL with one host.
+    async fn moved(moves: &mut Option<watch::Receiver<usize>>) {
+        if let Some(moves) = moves
+            && moves.changed().await.is_ok()
+        {
+            return;
+        }
+        // One host, or the store is gone: no move will come.
+        std::future::pending().await
+    }
+
+    /// A new listener, once one can be made; `None` when the pool was closed.
+    async fn listen_again(store: &PgStore) -> Option<PgListener> {
+        let mut pause = MIN_RECONNECT_PAUSE;
+        loop {
+            match listen(store).await {
+                Ok(listener) => return Some(listener),
+                Err(sqlx::Error::PoolClosed) => return None,
+                Err(e) => {
+                    store.notice(&e);
+                    tracing::warn!(error = %e, "cannot listen for outcome wake-ups; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
                 }
-            }))
+            }
         }
     }
 }
@@ -298,6 +368,48 @@ mod tests {
         one.publish_outcome("label-from-one").await.unwrap();
         assert_eq!(next(&mut rx).await, "label-from-two");
         assert_eq!(next(&mut rx).await, "label-from-one");
+        listener.abort();
+    }
+
+    /// A store on two hosts (relays to the test server) follows the first one's loss to the
+    /// second, and so does its listener: a label published there is heard.
+    #[cfg(all(feature = "postgres", feature = "conformance"))]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_postgres_listener_follows_the_pool_to_another_host() {
+        use crate::fault_relay::FaultRelay;
+        use sqlx::postgres::PgConnectOptions;
+
+        let db = crate::testing::PgTestDatabase::create().await;
+        let direct: PgConnectOptions = db.url().parse().unwrap();
+        let relay = || FaultRelay::start_to(direct.get_host(), direct.get_port(), 0);
+        let (a, b) = (relay().await.unwrap(), relay().await.unwrap());
+        let url = crate::testing::with_hosts(db.url(), &[a.addr(), b.addr()], "");
+        let store = crate::PgStore::connect(&url).await.unwrap();
+        let elsewhere = db.store(2).await;
+        let (wake, mut rx) = heard();
+        let listener = store.listen_outcomes(wake).await.unwrap();
+        let mut moves = store.primary_moves().expect("several hosts");
+
+        a.cut().await;
+        // Finds the host gone, so sets off the search for the primary.
+        assert!(store.publish_outcome("lost").await.is_err());
+        tokio::time::timeout(Duration::from_secs(10), moves.changed())
+            .await
+            .expect("a move within 10 s")
+            .unwrap();
+        // PostgreSQL tells nobody when a session starts to listen: publish until it hears.
+        let label = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                elsewhere.publish_outcome("after-the-move").await.unwrap();
+                if let Ok(label) = tokio::time::timeout(Duration::from_millis(100), rx.recv()).await
+                {
+                    return label.expect("the listener is alive");
+                }
+            }
+        })
+        .await
+        .expect("heard within 10 s");
+        assert_eq!(label, "after-the-move");
         listener.abort();
     }
 

@@ -15,14 +15,32 @@
 //! (it then finds the completed record) or rolls back (it then claims the key), and gives up
 //! with [`TxClaim::Busy`] when the wait runs out, so waiting duplicates cannot hold
 //! connections for longer than their wait.
+//!
+//! A URL may name several hosts, as libpq allows (`postgres://u@a:5432,b:5433/db`, optionally
+//! `?target_session_attrs=read-write`, the default then): the store uses the first that takes
+//! writes, refuses any new connection to one that does not, and looks for the primary again
+//! (in the background, one search at a time) when a statement finds the database out of reach
+//! or read-only, so a failover to a promoted standby needs no restart (modules `url` and
+//! `primary`).
 
+mod primary;
+mod url;
+
+pub use primary::NoPrimary;
+pub use url::PgUrlError;
+
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{FencingToken, Record, Scope, StoredResponse, Timestamp};
 use sqlx::migrate::MigrateError;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgExecutor, Postgres, Row};
+use tokio::sync::watch;
 use tokio::time::Instant;
+
+use self::primary::Primary;
+use self::url::PgUrl;
 
 use crate::sql::{RecordColumns, ResponseColumns, bind_claim, bind_filter, bind_scope, row_scope};
 use crate::{
@@ -39,6 +57,8 @@ pub type PgTx = sqlx::Transaction<'static, Postgres>;
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// With several hosts (or `target_session_attrs=read-write`): which one takes writes.
+    primary: Option<Arc<Primary>>,
 }
 
 /// How long [`PgStore::connect`]'s pool waits for a connection before the store reports itself
@@ -164,38 +184,80 @@ WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_ti
 impl PgStore {
     /// Connects to the database named by a URL such as `postgres://user@host/db` (a pool of
     /// up to 10 connections) and applies the migrations.
+    ///
+    /// A URL may name several hosts, in libpq's form: `postgres://user@a:5432,b:5433/db` or
+    /// `postgres://user@/db?host=a,b&port=5432,5433`, with `target_session_attrs=read-write`
+    /// (the default with several hosts; also accepted with one). The store then connects only
+    /// to a host that takes writes, the first in the URL's order, waiting for one as long as
+    /// for a connection; and when a statement finds that host out of reach or read-only, it
+    /// looks for the primary again and moves its pool (and its outcome listeners) there.
     pub async fn connect(url: &str) -> Result<Self> {
-        let pool = PgPoolOptions::new()
-            .max_connections(10)
-            // sqlx tests every connection on its way back to the pool (a round trip off the
-            // request's path) and, by default, again on its way out: a round trip on the
-            // path of every statement or transaction. Only a connection that sat idle for a
-            // while can have broken since its last test, so only that one is tested again.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= RETEST_AFTER_IDLE {
-                        conn.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect(url)
+        let url: PgUrl = url.parse().map_err(Error::Url)?;
+        if !url.read_write {
+            // One host, any session: sqlx connects, and reconnects, as it always did.
+            let [host] = <[_; 1]>::try_from(url.hosts).expect("one host unless read-write");
+            let pool = pool_options(None).connect_with(host.options).await?;
+            return Self::from_pool(pool).await;
+        }
+        let primary = Primary::find(url.hosts, ACQUIRE_TIMEOUT)
+            .await
+            .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        let primary = Arc::new(primary);
+        let pool = pool_options(Some(primary.clone()))
+            .connect_with(primary.options())
             .await?;
-        Self::from_pool(pool).await
+        let store = Self {
+            pool,
+            primary: Some(primary),
+        };
+        store.watched(migrate(&store.pool).await)?;
+        Ok(store)
     }
 
     /// A store on an existing pool (sized and configured by the caller); applies the
     /// migrations. Several instances may start at once: the migrations run one at a time.
     pub async fn from_pool(pool: PgPool) -> Result<Self> {
         migrate(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            primary: None,
+        })
     }
 
     /// The connection pool. Business writes outside an idempotent request go through it too.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Tells the store that a statement it did not run itself (on [`pool`](Self::pool)) failed
+    /// with `e`. When `e` says the database is out of reach or read-only
+    /// ([`is_unavailable`]) and the URL named several hosts, the store looks for the primary
+    /// again; its own statements do this by themselves.
+    pub fn notice(&self, e: &sqlx::Error) {
+        if is_unavailable(e) {
+            self.look_for_primary();
+        }
+    }
+
+    /// `result`, after setting off a search for the primary if it says the database is
+    /// unavailable.
+    fn watched<T>(&self, result: Result<T, impl Into<Error>>) -> Result<T> {
+        let result = result.map_err(Into::into);
+        if let Err(Error::Unavailable(_)) = &result {
+            self.look_for_primary();
+        }
+        result
+    }
+
+    fn look_for_primary(&self) {
+        if let Some(primary) = &self.primary {
+            primary.search(&self.pool);
+        }
+    }
+
+    /// Tells of every move of the pool to another host; `None` for a URL with one host.
+    pub(crate) fn primary_moves(&self) -> Option<watch::Receiver<usize>> {
+        self.primary.as_ref().map(|primary| primary.moves())
     }
 
     /// [`TxClaim::Busy`] when the wait ran out while no connection was free, as the contract
@@ -207,6 +269,40 @@ impl PgStore {
         } else {
             Ok(TxClaim::Busy)
         }
+    }
+}
+
+/// The pool [`PgStore::connect`] makes. With `primary` (a URL with several hosts), a new
+/// connection must take writes, and a pooled one opened before the pool last moved to another
+/// host is closed instead of handed out.
+fn pool_options(primary: Option<Arc<Primary>>) -> PgPoolOptions {
+    let retiring = primary.clone();
+    let options = PgPoolOptions::new()
+        .max_connections(10)
+        // sqlx tests every connection on its way back to the pool (a round trip off the
+        // request's path) and, by default, again on its way out: a round trip on the path of
+        // every statement or transaction. Only a connection that sat idle for a while can have
+        // broken since its last test, so only that one is tested again.
+        .test_before_acquire(false)
+        .before_acquire(move |conn, meta| {
+            let retiring = retiring.clone();
+            Box::pin(async move {
+                if retiring.is_some_and(|primary| primary.leads_elsewhere(meta.age)) {
+                    return Ok(false);
+                }
+                if meta.idle_for >= RETEST_AFTER_IDLE {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+        .acquire_timeout(ACQUIRE_TIMEOUT);
+    match primary {
+        None => options,
+        Some(primary) => options.after_connect(move |conn, _meta| {
+            let primary = primary.clone();
+            Box::pin(async move { primary.vet(conn).await })
+        }),
     }
 }
 
@@ -306,10 +402,57 @@ fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record> {
 
 impl Store for PgStore {
     async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
-        get_on(&self.pool, scope).await
+        self.watched(get_on(&self.pool, scope).await)
     }
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
+        self.watched(self.claim_on_pool(claim).await)
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool> {
+        self.watched(complete_on(&self.pool, scope, Some(token), response).await)
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<bool> {
+        let done = bind_scope(sqlx::query(RENEW), scope)
+            .bind(token.0)
+            .bind(lease_until.0)
+            .execute(&self.pool)
+            .await;
+        Ok(self.watched(done)?.rows_affected() == 1)
+    }
+
+    async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
+        let done = bind_scope(sqlx::query(RELEASE), scope)
+            .bind(token.0)
+            .execute(&self.pool)
+            .await;
+        Ok(self.watched(done)?.rows_affected() == 1)
+    }
+
+    async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
+        let done = sqlx::query(SWEEP)
+            .bind(now.0)
+            .bind(i64::from(batch))
+            .execute(&self.pool)
+            .await;
+        Ok(self.watched(done)?.rows_affected())
+    }
+}
+
+impl PgStore {
+    /// [`Store::claim`], unwatched.
+    async fn claim_on_pool(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
         for _ in 0..CLAIM_ATTEMPTS {
             if claim_on(&self.pool, claim, None).await? {
                 return Ok(ClaimOutcome::Claimed);
@@ -323,51 +466,8 @@ impl Store for PgStore {
         Err(vanished(&claim.scope))
     }
 
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<bool> {
-        complete_on(&self.pool, scope, Some(token), response).await
-    }
-
-    async fn renew(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        lease_until: Timestamp,
-    ) -> Result<bool> {
-        let done = bind_scope(sqlx::query(RENEW), scope)
-            .bind(token.0)
-            .bind(lease_until.0)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
-        let done = bind_scope(sqlx::query(RELEASE), scope)
-            .bind(token.0)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
-        let done = sqlx::query(SWEEP)
-            .bind(now.0)
-            .bind(i64::from(batch))
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-}
-
-impl TransactionalStore for PgStore {
-    type Tx = PgTx;
-
-    async fn begin_claim(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<PgTx>> {
+    /// [`TransactionalStore::begin_claim`], unwatched.
+    async fn begin_claim_on_pool(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<PgTx>> {
         // One deadline for the whole wait: for a free connection, then for the key.
         let deadline = Instant::now() + wait;
         for _ in 0..CLAIM_ATTEMPTS {
@@ -401,6 +501,14 @@ impl TransactionalStore for PgStore {
         }
         Err(vanished(&claim.scope))
     }
+}
+
+impl TransactionalStore for PgStore {
+    type Tx = PgTx;
+
+    async fn begin_claim(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<PgTx>> {
+        self.watched(self.begin_claim_on_pool(claim, wait).await)
+    }
 
     async fn commit_response(
         &self,
@@ -409,19 +517,18 @@ impl TransactionalStore for PgStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<()> {
-        if !complete_on(&mut *tx, scope, Some(token), response).await? {
+        let completed = self.watched(complete_on(&mut *tx, scope, Some(token), response).await)?;
+        if !completed {
             return Err(Error::Raced(format!(
                 "the key row of {} vanished inside its own transaction",
                 scope.log_label()
             )));
         }
-        tx.commit().await?;
-        Ok(())
+        self.watched(tx.commit().await)
     }
 
     async fn rollback(&self, tx: PgTx) -> Result<()> {
-        tx.rollback().await?;
-        Ok(())
+        self.watched(tx.rollback().await)
     }
 }
 
@@ -442,7 +549,8 @@ impl AdminStore for PgStore {
              ORDER BY created_at DESC
              LIMIT $4",
         );
-        let rows = bind_filter(list, filter).fetch_all(&self.pool).await?;
+        let rows = bind_filter(list, filter).fetch_all(&self.pool).await;
+        let rows = self.watched(rows)?;
         rows.iter()
             .map(|row| record_from_row(&row_scope(row)?, row))
             .collect()
@@ -451,11 +559,11 @@ impl AdminStore for PgStore {
     async fn purge(&self, scope: &Scope) -> Result<bool> {
         let purge =
             sqlx::query("DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2");
-        let done = bind_scope(purge, scope).execute(&self.pool).await?;
-        Ok(done.rows_affected() == 1)
+        let done = bind_scope(purge, scope).execute(&self.pool).await;
+        Ok(self.watched(done)?.rows_affected() == 1)
     }
 
     async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
-        complete_on(&self.pool, scope, None, response).await
+        self.watched(complete_on(&self.pool, scope, None, response).await)
     }
 }

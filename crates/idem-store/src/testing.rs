@@ -32,6 +32,24 @@ pub fn with_database(url: &str, database: &str) -> String {
     }
 }
 
+/// `url` with its host replaced by `hosts`, in that order (libpq's multi-host form), and
+/// `params` (`name=value&…`, or nothing) added to its query.
+pub fn with_hosts(url: &str, hosts: &[std::net::SocketAddr], params: &str) -> String {
+    let authority = url.find("://").map_or(0, |i| i + 3);
+    let at = url[authority..]
+        .find('@')
+        .map_or(authority, |i| authority + i + 1);
+    let path = url[at..].find(['/', '?']).map_or(url.len(), |i| at + i);
+    let hosts: Vec<String> = hosts.iter().map(ToString::to_string).collect();
+    let joiner = if url.contains('?') { '&' } else { '?' };
+    let params = if params.is_empty() {
+        String::new()
+    } else {
+        format!("{joiner}{params}")
+    };
+    format!("{}{}{}{params}", &url[..at], hosts.join(","), &url[path..])
+}
+
 /// A database for one test; dropping it drops the database.
 #[derive(Debug)]
 pub struct PgTestDatabase {

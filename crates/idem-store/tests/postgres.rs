@@ -12,7 +12,7 @@ use idem_core::{
 };
 use idem_store::conformance::{assert_unavailable, sweep_boundary_is_exact};
 use idem_store::fault_relay::FaultRelay;
-use idem_store::testing::{PgTestDatabase, with_database};
+use idem_store::testing::{PgTestDatabase, with_database, with_hosts};
 use idem_store::{
     ClaimOutcome, NewClaim, PgStore, PgTx, Result, Store, TransactionalStore, TxClaim,
     admin_conformance, store_conformance, transactional_conformance,
@@ -564,5 +564,25 @@ fn test_urls_name_the_test_database() {
     assert_eq!(
         with_database("postgres://u@db/admin?application_name=x", "t"),
         "postgres://u@db/t?application_name=x"
+    );
+}
+
+#[test]
+fn test_urls_can_name_several_hosts() {
+    let hosts = [
+        "127.0.0.1:6001".parse().unwrap(),
+        "127.0.0.1:6002".parse().unwrap(),
+    ];
+    assert_eq!(
+        with_hosts("postgres://postgres@127.0.0.1:5432/idem_test_1", &hosts, ""),
+        "postgres://postgres@127.0.0.1:6001,127.0.0.1:6002/idem_test_1"
+    );
+    assert_eq!(
+        with_hosts(
+            "postgres://u:p@db/t?sslmode=disable",
+            &hosts[..1],
+            "target_session_attrs=read-write"
+        ),
+        "postgres://u:p@127.0.0.1:6001/t?sslmode=disable&target_session_attrs=read-write"
     );
 }

@@ -105,6 +105,10 @@ pub(crate) trait Backend: TransactionalStore + AdminStore {
     /// Checks that the database answers.
     fn ping(&self) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
+    /// Hears of a statement the service ran itself, outside the store's own methods, that
+    /// failed with `e` (so that on PostgreSQL a lost primary is looked for again).
+    fn failed(&self, e: &sqlx::Error);
+
     /// The signal that wakes duplicates waiting for an outcome, relayed between every process
     /// on this database where the database can relay.
     fn outcome_signal(&self) -> impl Future<Output = anyhow::Result<OutcomeSignal>> + Send;
@@ -334,7 +338,8 @@ macro_rules! shared_methods {
                 .bind(id)
                 .bind(account)
                 .fetch_optional(self.$readers())
-                .await?;
+                .await
+                .inspect_err(|e| self.failed(e))?;
             row.as_ref().map(payment_from_row).transpose()
         }
 
@@ -347,7 +352,8 @@ macro_rules! shared_methods {
                 .bind(account)
                 .bind(limit)
                 .fetch_all(self.$readers())
-                .await?;
+                .await
+                .inspect_err(|e| self.failed(e))?;
             rows.iter().map(payment_from_row).collect()
         }
 
@@ -355,6 +361,7 @@ macro_rules! shared_methods {
             sqlx::query("SELECT 1")
                 .execute(self.$readers())
                 .await
+                .inspect_err(|e| self.failed(e))
                 .map(|_| ())
         }
     };
@@ -404,6 +411,9 @@ impl Backend for SqliteStore {
     async fn outcome_signal(&self) -> anyhow::Result<OutcomeSignal> {
         Ok(OutcomeSignal::default())
     }
+
+    /// One file on this machine: there is no other host to look for.
+    fn failed(&self, _e: &sqlx::Error) {}
 }
 
 impl Backend for PgStore {
@@ -418,7 +428,7 @@ impl Backend for PgStore {
     }
 
     async fn begin(&self) -> idem_store::Result<PgTx> {
-        Ok(self.pool().begin().await?)
+        Ok(self.pool().begin().await.inspect_err(|e| self.failed(e))?)
     }
 
     async fn commit(tx: PgTx) -> idem_store::Result<()> {
@@ -427,39 +437,16 @@ impl Backend for PgStore {
 
     /// Relays wake-ups through `NOTIFY idem_outcome, '<key label>'`, which every instance
     /// `LISTEN`s to, so a duplicate waiting on one instance wakes when another stores the
-    /// outcome.
+    /// outcome: the store's own channel (as the gateway's), whose listener follows the pool
+    /// to a new primary. A wake-up missed while it reconnects only makes a waiter wait out
+    /// its bound and answer 409.
     async fn outcome_signal(&self) -> anyhow::Result<OutcomeSignal> {
-        let pool = self.pool().clone();
-        let signal = OutcomeSignal::with_publisher(move |label| {
-            let (pool, label) = (pool.clone(), label.to_owned());
-            tokio::spawn(async move {
-                if let Err(e) = sqlx::query("SELECT pg_notify('idem_outcome', $1)")
-                    .bind(&label)
-                    .execute(&pool)
-                    .await
-                {
-                    tracing::warn!(error = %e, "could not relay an outcome wake-up");
-                }
-            });
-        });
-        let mut listener = sqlx::postgres::PgListener::connect_with(self.pool())
+        idem_gateway::outcome_signal(self)
             .await
-            .context("cannot LISTEN for outcome wake-ups")?;
-        listener.listen("idem_outcome").await?;
-        let relay = signal.clone();
-        tokio::spawn(async move {
-            // PgListener reconnects by itself after a lost connection; a wake-up missed then
-            // only makes a waiter wait out its bound and answer 409.
-            loop {
-                match listener.recv().await {
-                    Ok(notification) => relay.wake_local(notification.payload()),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "outcome wake-up listener failed");
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    }
-                }
-            }
-        });
-        Ok(signal)
+            .context("cannot LISTEN for outcome wake-ups")
+    }
+
+    fn failed(&self, e: &sqlx::Error) {
+        self.notice(e);
     }
 }

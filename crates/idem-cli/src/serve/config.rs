@@ -20,7 +20,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub tls: crate::tls_args::ServerTlsArgs,
     /// Where records and payments live: `sqlite://PATH` (created on first start) or
-    /// `postgres://USER@HOST/DB` (shared by any number of `idem serve` instances).
+    /// `postgres://USER@HOST/DB` (shared by any number of `idem serve` instances), or
+    /// `postgres://USER@PRIMARY,STANDBY/DB` to follow the primary when a standby takes over.
     #[arg(long, default_value = "sqlite://idem.db")]
     pub database: String,
     /// A sandbox API token and the account it authenticates, `TOKEN=ACCOUNT`; repeatable.

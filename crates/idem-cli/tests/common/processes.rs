@@ -193,10 +193,80 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Creates a cluster with `initdb` (trust authentication, superuser `postgres`) and
-    /// starts it. PostgreSQL refuses to run as root, so its programs run as the `postgres`
-    /// user, which owns the directory.
+    /// Creates a cluster with `initdb` (trust authentication, superuser `postgres`, also for
+    /// replication) and starts it. PostgreSQL refuses to run as root, so its programs run as
+    /// the `postgres` user, which owns the directory.
     pub fn start() -> Self {
+        let cluster = Self::new();
+        // --no-sync: a crash of the server, unlike one of the machine, keeps the page cache,
+        // so the files need not reach the disk for the test to be sound.
+        run(as_postgres(cluster.dir.path(), "initdb")
+            .arg("-D")
+            .arg(&cluster.data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"]));
+        cluster.start_again();
+        cluster
+    }
+
+    /// A hot standby of this cluster, streaming from it, started: a copy made with
+    /// `pg_basebackup -R`, which also writes `standby.signal` and the `primary_conninfo` that
+    /// points at this cluster. It takes no writes until [`promote`](Self::promote)d.
+    pub fn standby(&self) -> Self {
+        let standby = Self::new();
+        run(as_postgres(standby.dir.path(), "pg_basebackup")
+            .arg("-D")
+            .arg(&standby.data)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-R", "-X", "stream", "--no-sync"]));
+        standby.start_again();
+        standby
+    }
+
+    /// Runs `sql` as `postgres` with psql (one statement per call: `ALTER SYSTEM` refuses to
+    /// run in a transaction block); what it printed, unaligned, without headers.
+    pub fn sql(&self, sql: &str) -> String {
+        let output = run(as_postgres(self.dir.path(), "psql")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args([
+                "-d",
+                "postgres",
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ]));
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote`) and waits until it takes writes.
+    pub fn promote(&self) {
+        run(self.pg_ctl().args(["-w", "-t", "60", "promote"]));
+    }
+
+    /// Where the server listens.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A cluster not created yet: a directory of the `postgres` user's, a port.
+    fn new() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("idem-pg-")
             .tempdir()
@@ -204,22 +274,13 @@ impl Cluster {
         run(Command::new("chown")
             .arg("postgres:postgres")
             .arg(dir.path()));
-        let data = dir.path().join("data");
-        // --no-sync: a crash of the server, unlike one of the machine, keeps the page cache,
-        // so the files need not reach the disk for the test to be sound.
-        run(as_postgres(dir.path(), "initdb")
-            .arg("-D")
-            .arg(&data)
-            .args(["-A", "trust", "-U", "postgres", "--no-sync"]));
         let port = free_port();
-        let cluster = Self {
+        Self {
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             port,
-            data,
+            data: dir.path().join("data"),
             dir,
-        };
-        cluster.start_again();
-        cluster
+        }
     }
 
     /// Starts the server and waits until it accepts connections (after crash recovery, if
