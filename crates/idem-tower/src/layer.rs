@@ -302,7 +302,7 @@ impl<S, M: Clone> Layer<S> for IdempotencyLayer<M> {
 ///
 /// It answers with a [`ResponseBody`] around `S`'s body. That body must be `Unpin`, because the
 /// layer reads the first bytes of a response and hands the rest on unread: axum's and hyper's
-/// bodies are; wrap another in `http_body_util::combinators::BoxBody`.
+/// bodies are, and boxing makes any other one so (axum's `Body::new`).
 #[derive(Clone)]
 pub struct Idempotency<S, M> {
     inner: S,
