@@ -23,13 +23,14 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use idem_core::{AccountId, Policy, Scope};
-use idem_tower::{IDEMPOTENT_REPLAYED, IdempotencyLayer};
+use idem_tower::{IDEMPOTENT_REPLAYED, IdempotencyLayer, ResponseBody};
 use libfuzzer_sys::fuzz_target;
 use tokio::runtime::Runtime;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 
-type Service = BoxCloneService<Request<Full<Bytes>>, Response<Full<Bytes>>, Infallible>;
+type Service =
+    BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>;
 
 /// Marks a response the handler made, as opposed to one the layer made or replayed (it is not
 /// on the stored-header allow-list, so replays never carry it).

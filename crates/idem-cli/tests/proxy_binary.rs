@@ -1,4 +1,5 @@
-//! The `idem proxy` binary: start-up, its own `/healthz` and `/metrics`, and a replay through it.
+//! The `idem proxy` binary: start-up, its own `/healthz` and `/metrics`, a replay through it,
+//! and 100 MiB answers streamed through it in bounded memory.
 
 mod common;
 
@@ -125,6 +126,142 @@ async fn with_admin_listen_health_moves_off_the_main_listener() {
         .await
         .unwrap();
     assert_eq!(admin.status(), 200);
+}
+
+/// The large answer: a hundred times the storage cap.
+const LARGE: usize = 100 << 20;
+const CHUNK: usize = 64 << 10;
+/// The large answer's bytes repeat every 251 (a prime), so a chunk lost, doubled or out of
+/// order shows.
+const PERIOD: usize = 251;
+/// How much the proxy's peak resident memory may grow while it passes the answer on: a sixth
+/// of the answer, four times what streaming it was measured to cost (under 4 MiB: the storage
+/// cap and a few buffers), where holding it cost over 100 MiB.
+const GROWTH_LIMIT_KIB: u64 = 16 << 10;
+
+/// A chunk of the pattern and a period more: any piece of the answer up to a chunk long,
+/// wherever it starts, is a slice of it.
+fn pattern() -> bytes::Bytes {
+    (0..CHUNK + PERIOD).map(|i| (i % PERIOD) as u8).collect()
+}
+
+/// An upstream whose `GET /large` and `POST /large` answer [`LARGE`] bytes, made chunk by chunk
+/// as they are sent (never held whole), with their `Content-Length`.
+async fn start_large_upstream() -> String {
+    let pattern = pattern();
+    let large = move || {
+        let pattern = pattern.clone();
+        async move {
+            let chunks = futures_util::stream::iter((0..LARGE / CHUNK).map(move |k| {
+                let at = k * CHUNK % PERIOD;
+                Ok::<_, std::convert::Infallible>(pattern.slice(at..at + CHUNK))
+            }));
+            (
+                [
+                    ("content-type", "application/octet-stream".to_owned()),
+                    ("content-length", LARGE.to_string()),
+                ],
+                axum::body::Body::from_stream(chunks),
+            )
+        }
+    };
+    let app = axum::Router::new().route("/large", axum::routing::get(large.clone()).post(large));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// Reads `response` to its end, checking every byte against the pattern; its length.
+async fn read_large(mut response: reqwest::Response) -> usize {
+    let pattern = pattern();
+    let mut len = 0;
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        for piece in chunk.chunks(CHUNK) {
+            let at = len % PERIOD;
+            assert!(
+                piece == &pattern[at..at + piece.len()],
+                "the bytes at {len} arrive as the upstream sent them"
+            );
+            len += piece.len();
+        }
+    }
+    len
+}
+
+/// The peak resident memory of `child` so far (`VmHWM`), in KiB.
+fn peak_kib(child: &std::process::Child) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// Sends `method /large` (with `key`) through a fresh proxy and reads the 100 MiB answer;
+/// checks that the proxy's peak memory grew by less than [`GROWTH_LIMIT_KIB`], and returns the
+/// proxy and its client for more requests.
+async fn large_through_a_proxy(
+    dir: &std::path::Path,
+    what: &str,
+    method: reqwest::Method,
+    key: Option<&str>,
+) -> (Spawned, reqwest::Client) {
+    let upstream = start_large_upstream().await;
+    let proxy = start_proxy(dir, &upstream, &[]);
+    let client = reqwest::Client::new();
+    assert_healthy(&client, &proxy.url).await;
+    let idle = peak_kib(&proxy.child);
+    let mut request = client
+        .request(method, format!("{}/large", proxy.url))
+        .header("authorization", "Bearer t1");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let answer = request.send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(read_large(answer).await, LARGE, "every byte arrives");
+    let peak = peak_kib(&proxy.child);
+    eprintln!(
+        "idem proxy, {what}, 100 MiB answer: VmHWM {idle} KiB idle, {peak} KiB after (+{} KiB)",
+        peak - idle
+    );
+    assert!(
+        peak - idle < GROWTH_LIMIT_KIB,
+        "the proxy grew by {} KiB passing on a 100 MiB answer: it held the answer, not streamed it",
+        peak - idle
+    );
+    (proxy, client)
+}
+
+/// A covered POST whose answer is a hundred times the storage cap: the client gets every
+/// byte, the proxy holds at most the cap of it, and the retry replays the stored head with the
+/// body omitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_mib_covered_answer_streams_through_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = "large-key-0001";
+    let (proxy, client) =
+        large_through_a_proxy(dir.path(), "covered POST", reqwest::Method::POST, Some(key)).await;
+    let replay = client
+        .post(format!("{}/large", proxy.url))
+        .header("authorization", "Bearer t1")
+        .header("idempotency-key", key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.status(), 200);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["idempotent-replay"], "omitted");
+    assert!(replay.bytes().await.unwrap().is_empty());
+}
+
+/// An uncovered GET streams through untouched, whatever its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_mib_uncovered_answer_streams_through_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    large_through_a_proxy(dir.path(), "uncovered GET", reqwest::Method::GET, None).await;
 }
 
 #[test]

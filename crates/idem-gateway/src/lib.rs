@@ -13,6 +13,10 @@
 //! | answered 5xx | the answer | stored and replayed, as Stripe does ([`UnknownOutcome`] to change) |
 //! | timed out after the request was sent | `504` | kept in progress until its lease ends; then the next retry is sent upstream with the same key |
 //!
+//! An answer larger than the storage cap (`Policy::storage_cap`, 1 MiB) is stored with its
+//! body omitted as soon as that shows, then streamed on, so the gateway holds at most the cap
+//! of it; uncovered methods and `key = "off"` routes stream both ways untouched.
+//!
 //! Paths may have rules of their own ([`GatewayConfig::routes`], read from a configuration
 //! file by [`ConfigFile`]): each route gets its own layer over the one upstream client, and a
 //! request no route matches gets the configuration's top-level rules.
@@ -40,9 +44,10 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use idem_core::{AccountId, Clock, ErrorDialect, Policy, SystemClock};
 use idem_store::Store;
-use idem_tower::{IdempotencyLayer, LeaseMode, Outcome, OutcomeSignal};
+use idem_tower::{IdempotencyLayer, LeaseMode, Outcome, OutcomeSignal, ResponseBody};
 use tokio::net::TcpListener;
 use tower::Layer as _;
+use tower::ServiceExt;
 use tower::util::BoxCloneSyncService;
 
 mod config;
@@ -292,7 +297,9 @@ fn route_policy(config: &GatewayConfig, rules: &RouteRules, method: Option<&Meth
 }
 
 /// One route's service over the shared upstream: the upstream alone for `key = "off"` (no
-/// layer, no buffering), else the idempotency layer with the route's rules.
+/// layer: the request and the answer stream through), else the idempotency layer with the
+/// route's rules, which buffers a covered request's body and at most the storage cap of its
+/// answer (docs/contract.md §9).
 fn route_service<St: Store>(
     store: &St,
     config: &GatewayConfig,
@@ -325,7 +332,13 @@ fn route_service<St: Store>(
         FingerprintRule::Only(pointers) => layer.with_fingerprint_only(pointers),
     };
     let layer = with_in_flight(layer, rules.in_flight, signal);
-    BoxCloneSyncService::new(layer.layer(upstream.clone()))
+    // The layer's body streams the upstream's (past the storage cap, or uncovered); axum's
+    // `Body` only boxes it.
+    let service = ServiceExt::<Request>::map_response(
+        layer.layer(upstream.clone()),
+        |response: http::Response<ResponseBody<Body>>| response.map(Body::new),
+    );
+    BoxCloneSyncService::new(service)
 }
 
 /// Applies a route's `in_flight`: a duplicate waits for the original's outcome, woken by

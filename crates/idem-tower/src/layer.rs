@@ -21,6 +21,7 @@ use idem_core::{
 use idem_store::{Store, TransactionalStore};
 use tower::{Layer, Service};
 
+use crate::body::ResponseBody;
 use crate::claim::Claim;
 use crate::mode::{LeaseMode, Mode, TransactionMode};
 use crate::response::{Refusal, Refused, Served, answer, store_unavailable};
@@ -298,6 +299,10 @@ impl<S, M: Clone> Layer<S> for IdempotencyLayer<M> {
 }
 
 /// The service [`IdempotencyLayer`] wraps around `S`.
+///
+/// It answers with a [`ResponseBody`] around `S`'s body. That body must be `Unpin`, because the
+/// layer reads the first bytes of a response and hands the rest on unread: axum's and hyper's
+/// bodies are, and boxing makes any other one so (axum's `Body::new`).
 #[derive(Clone)]
 pub struct Idempotency<S, M> {
     inner: S,
@@ -322,10 +327,10 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: fmt::Display,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
@@ -353,7 +358,7 @@ where
                 response.headers_mut().append(http::header::LINK, link);
             }
             if errors != ErrorDialect::Problem {
-                *response.body_mut() = ResBody::from(Bytes::from(problem.to_json_in(errors)));
+                *response.body_mut() = ResponseBody::from(Bytes::from(problem.to_json_in(errors)));
             }
             Ok(response)
         }))
@@ -367,7 +372,7 @@ async fn guard<S, M, ReqBody, ResBody>(
     layer: IdempotencyLayer<M>,
     mut inner: S,
     request: Request<ReqBody>,
-) -> Result<Response<ResBody>, S::Error>
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -376,7 +381,7 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: fmt::Display,
 {
     let (parts, body) = request.into_parts();
@@ -387,7 +392,8 @@ where
             Ok(Some(key)) => KeyAt::Header(key),
             Ok(None) => {
                 Served::Passthrough.count();
-                return inner.call(Request::from_parts(parts, body)).await;
+                let request = Request::from_parts(parts, body);
+                return Ok(inner.call(request).await?.map(ResponseBody::passthrough));
             }
             Err(refused) => return Ok(refused),
         },
@@ -396,7 +402,7 @@ where
         Ok(Admitted::Claim(claim, request)) => (claim, request),
         Ok(Admitted::Keyless(request)) => {
             Served::Passthrough.count();
-            return inner.call(request).await;
+            return Ok(inner.call(request).await?.map(ResponseBody::passthrough));
         }
         Err(answered) => return Ok(answered),
     };
@@ -672,16 +678,17 @@ async fn replay_read<St: Store, B: From<Bytes>>(
 }
 
 pin_project_lite::pin_project! {
-    /// The response future of [`Idempotency`]: uncovered requests pass straight through;
-    /// covered ones run the contract (boxed: it is a long async sequence around a spawned
-    /// task, and its allocation is small beside the store round trip it makes).
+    /// The response future of [`Idempotency`]: uncovered requests pass straight through, their
+    /// bodies untouched; covered ones run the contract (boxed: it is a long async sequence
+    /// around a spawned task, and its allocation is small beside the store round trip it
+    /// makes).
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         kind: Kind<F, B, E>,
     }
 }
 
-type Guarded<B, E> = Pin<Box<dyn Future<Output = Result<Response<B>, E>> + Send>>;
+type Guarded<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
 pin_project_lite::pin_project! {
     #[project = KindProj]
@@ -715,11 +722,13 @@ impl<F, B, E> Future for ResponseFuture<F, B, E>
 where
     F: Future<Output = Result<Response<B>, E>>,
 {
-    type Output = Result<Response<B>, E>;
+    type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Passthrough { future } => future.poll(cx),
+            KindProj::Passthrough { future } => future
+                .poll(cx)
+                .map_ok(|response| response.map(ResponseBody::passthrough)),
             KindProj::Guarded { future } => future.as_mut().poll(cx),
         }
     }

@@ -9,6 +9,12 @@
 //! The handler finds the request's [`idem_core::Scope`] (account and key) among the request
 //! extensions.
 //!
+//! Responses come back as [`ResponseBody`]: the handler's own body, streamed, for requests the
+//! layer does not guard and for a response larger than the storage cap
+//! ([`idem_core::Policy::storage_cap`]), which is stored with its body omitted before the
+//! client gets its first byte; otherwise a body the layer holds whole (a response within the
+//! cap, a replay, a refusal). So the layer never holds more of a response than the cap.
+//!
 //! In transaction mode the handler writes through the transaction the layer opened ([`Tx`]),
 //! so the key and the business rows commit together:
 //!
@@ -50,6 +56,7 @@ mod signal;
 #[cfg(feature = "axum")]
 mod extract;
 
+pub use body::ResponseBody;
 #[cfg(feature = "axum")]
 pub use extract::{NoTransaction, Tx};
 pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture};

@@ -14,7 +14,7 @@ use idem_store::{ClaimOutcome, Store, TransactionalStore, TxClaim};
 use tokio::sync::Mutex;
 use tower::{Service, ServiceExt};
 
-use crate::body::buffer_response;
+use crate::body::{ResponseBody, read_response};
 use crate::claim::Claim;
 use crate::response::{ErrorChain, Refusal, Served, retry_after_value, settle, store_unavailable};
 use crate::{Outcome, OutcomeSignal, Reconciliation};
@@ -40,13 +40,13 @@ pub(crate) mod sealed {
             claim: Claim,
             inner: S,
             request: Request<ReqBody>,
-        ) -> impl Future<Output = Result<Response<ResBody>, S::Error>> + Send + 'static
+        ) -> impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>> + Send + 'static
         where
             S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
             S::Future: Send + 'static,
             S::Error: Send + 'static,
             ReqBody: Send + 'static,
-            ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+            ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
             ResBody::Error: fmt::Display;
     }
 }
@@ -108,13 +108,13 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
         claim: Claim,
         mut inner: S,
         mut request: Request<ReqBody>,
-    ) -> Result<Response<ResBody>, S::Error>
+    ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
         S::Future: Send + 'static,
         S::Error: Send + 'static,
         ReqBody: Send + 'static,
-        ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
         ResBody::Error: fmt::Display,
     {
         let tx = match self.claim_in_tx(&claim).await {
@@ -140,8 +140,10 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
                 return Err(e);
             }
         };
-        let (response, outcome, stored) = match buffer_response(&claim.policy, response).await {
-            Ok(buffered) => buffered,
+        // A body over the storage cap is read only up to it: the commit comes before the
+        // client gets any of it, and the rest streams after (docs/contract.md §2.5).
+        let (response, outcome, stored) = match read_response(&claim.policy, response).await {
+            Ok(read) => read,
             Err(e) => {
                 tracing::error!(error = %e, "handler response failed");
                 let _ = self.0.rollback(tx).await;
@@ -223,13 +225,13 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         mut claim: Claim,
         mut inner: S,
         mut request: Request<ReqBody>,
-    ) -> Result<Response<ResBody>, S::Error>
+    ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
         S::Future: Send + 'static,
         S::Error: Send + 'static,
         ReqBody: Send + 'static,
-        ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+        ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
         ResBody::Error: fmt::Display,
     {
         let label = claim.scope().log_label();
@@ -249,8 +251,10 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                 return Err(e);
             }
         };
-        let (response, outcome, stored) = match buffer_response(&claim.policy, response).await {
-            Ok(buffered) => buffered,
+        // As in transaction mode, the outcome is stored before the client gets any of a body
+        // over the cap.
+        let (response, outcome, stored) = match read_response(&claim.policy, response).await {
+            Ok(read) => read,
             Err(e) => {
                 tracing::error!(error = %e, "handler response failed");
                 let (_, retry_after) = self.outcome_unknown(&claim).await;
