@@ -74,6 +74,15 @@ impl RedisCluster {
                 cluster_ok(node.port)
             });
         }
+        // A replica that has not finished its first copy of its primary's data set refuses to
+        // take over from it ("disconnected from master for longer than allowed"): a primary
+        // killed before then would leave its slots unserved for good.
+        for node in &cluster.nodes {
+            wait_until(
+                &format!("node :{} is a primary or a replica in sync", node.port),
+                || in_sync(node.port),
+            );
+        }
         cluster
     }
 
@@ -198,6 +207,9 @@ fn start_node(port: u16, dir: &Path) -> Child {
         ])
         .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
         .args(["--save", "", "--appendonly", "no"])
+        // A replica's first copy starts at once, not after the 5 s Redis waits by default for
+        // more replicas to share the transfer.
+        .args(["--repl-diskless-sync-delay", "0"])
         .arg("--dir")
         .arg(dir)
         .stdout(log)
@@ -217,6 +229,13 @@ fn cli(port: u16, args: &[&str]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether the node on `port` is a primary, or a replica whose link to its primary is up (its
+/// first copy of the data set done).
+fn in_sync(port: u16) -> bool {
+    cli(port, &["INFO", "replication"])
+        .is_some_and(|info| info.contains("role:master") || info.contains("master_link_status:up"))
 }
 
 /// Whether the node on `port` reports the cluster ok with all 16384 slots served.
