@@ -74,6 +74,15 @@ impl RedisCluster {
                 cluster_ok(node.port)
             });
         }
+        // A replica that has not finished its first copy of its primary's data set refuses to
+        // take over from it ("disconnected from master for longer than allowed"): a primary
+        // killed before then would leave its slots unserved for good.
+        for node in &cluster.nodes {
+            wait_until(
+                &format!("node :{} is a primary or a replica in sync", node.port),
+                || in_sync(node.port),
+            );
+        }
         cluster
     }
 
@@ -93,13 +102,23 @@ impl RedisCluster {
 
     /// The ports of the running primaries, as the cluster reports them.
     pub fn masters(&self) -> Vec<u16> {
+        self.with_role("master")
+    }
+
+    /// The ports of the running replicas, as the cluster reports them.
+    pub fn replicas(&self) -> Vec<u16> {
+        self.with_role("slave")
+    }
+
+    /// The ports of the nodes that `CLUSTER NODES` flags with `role` and not as failed.
+    fn with_role(&self, role: &str) -> Vec<u16> {
         let alive = self.running().next().expect("a running node").port;
         let nodes = cli(alive, &["CLUSTER", "NODES"]).unwrap_or_default();
         nodes
             .lines()
             .filter(|line| {
                 let flags = line.split(' ').nth(2).unwrap_or("");
-                flags.contains("master") && !flags.contains("fail")
+                flags.contains(role) && !flags.contains("fail")
             })
             .filter_map(|line| {
                 let addr = line.split(' ').nth(1)?;
@@ -151,6 +170,43 @@ impl RedisCluster {
         }
     }
 
+    /// Starts the node on `port` again (after [`kill`](Self::kill)), from the cluster
+    /// configuration it kept on disk, and returns once it answers and the cluster reports
+    /// every slot served. A primary that was replaced while it was down comes back as a
+    /// replica of the node that took over, which copies its data set.
+    pub fn restart(&mut self, port: u16) {
+        let dir = self.dir.join(port.to_string());
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|node| node.port == port)
+            .expect("a node of this cluster");
+        assert!(node.process.is_none(), "node :{port} is running");
+        node.process = Some(start_node(port, &dir));
+        wait_until(&format!("redis-server :{port} answers again"), || {
+            cli(port, &["PING"]).is_some_and(|out| out.trim() == "PONG")
+        });
+        self.wait_until_healthy();
+    }
+
+    /// Waits until the node on `port` is a replica whose copy of its primary's data set is
+    /// complete (`master_link_status:up`). Panics after half a minute.
+    pub fn wait_for_replica(&self, port: u16) {
+        wait_until(&format!("node :{port} replicates its primary"), || {
+            cli(port, &["INFO", "replication"]).is_some_and(|info| {
+                info.contains("role:slave") && info.contains("master_link_status:up")
+            })
+        });
+    }
+
+    /// The process ids of the nodes still running, for checking that they are stopped.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter_map(|node| node.process.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// Waits until the cluster has replaced the dead primary on `port` (a replica of it promoted,
     /// as many primaries as before) and every running node reports every slot served. Panics
     /// after half a minute.
@@ -198,6 +254,9 @@ fn start_node(port: u16, dir: &Path) -> Child {
         ])
         .args(["--cluster-node-timeout", &NODE_TIMEOUT_MS.to_string()])
         .args(["--save", "", "--appendonly", "no"])
+        // A replica's first copy starts at once, not after the 5 s Redis waits by default for
+        // more replicas to share the transfer.
+        .args(["--repl-diskless-sync-delay", "0"])
         .arg("--dir")
         .arg(dir)
         .stdout(log)
@@ -217,6 +276,13 @@ fn cli(port: u16, args: &[&str]) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether the node on `port` is a primary, or a replica whose link to its primary is up (its
+/// first copy of the data set done).
+fn in_sync(port: u16) -> bool {
+    cli(port, &["INFO", "replication"])
+        .is_some_and(|info| info.contains("role:master") || info.contains("master_link_status:up"))
 }
 
 /// Whether the node on `port` reports the cluster ok with all 16384 slots served.
@@ -269,4 +335,45 @@ fn unique() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     u64::from(nanos) ^ (u64::from(std::process::id()) << 20) ^ CALLS.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether a process with `pid` exists: a child killed and reaped leaves no `/proc` entry.
+    fn exists(pid: u32) -> bool {
+        Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    #[test]
+    fn a_test_that_panics_leaves_no_node_running_and_no_folder_behind() {
+        let (started, nodes) = std::sync::mpsc::channel();
+        let test = std::thread::spawn(move || {
+            let cluster = RedisCluster::start(3, 0);
+            started
+                .send((cluster.pids(), cluster.dir.clone()))
+                .expect("the test waits for the nodes");
+            panic!("a failing test, on purpose");
+        });
+        assert!(test.join().is_err(), "the thread panicked");
+        let (pids, dir) = nodes.recv().expect("the cluster started");
+        assert_eq!(pids.len(), 3);
+        let running: Vec<u32> = pids.into_iter().filter(|&pid| exists(pid)).collect();
+        assert!(running.is_empty(), "nodes still running: {running:?}");
+        assert!(!dir.exists(), "{} is left behind", dir.display());
+    }
+
+    #[test]
+    fn a_killed_node_restarts_as_the_replica_of_the_one_that_took_over() {
+        let mut cluster = RedisCluster::start(3, 1);
+        let victim = cluster.masters()[0];
+        cluster.kill(victim);
+        cluster.wait_for_failover(victim, 3);
+        cluster.restart(victim);
+        // Its own word (INFO): a replica with its copy done. Other nodes may still list it as
+        // a primary for a moment, until gossip reaches them.
+        cluster.wait_for_replica(victim);
+        assert_eq!(cluster.pids().len(), 6);
+    }
 }
