@@ -6,10 +6,9 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// How long a cluster may take to elect its JetStream meta leader, or a stream a new leader.
-const SETTLE_WITHIN: Duration = Duration::from_secs(30);
+use crate::processes::{kill, wait_until};
 
 /// One `nats-server` of the cluster.
 #[derive(Debug)]
@@ -98,10 +97,7 @@ impl NatsCluster {
     /// Kills the node called `name` with SIGKILL, as a crash would, and returns at once.
     pub fn kill(&mut self, name: &str) {
         let node = self.node_mut(name);
-        if let Some(mut process) = node.process.take() {
-            let _ = process.kill();
-            let _ = process.wait();
-        }
+        kill(&mut node.process);
     }
 
     /// Starts the node called `name` again on its ports and store, and waits until it serves
@@ -167,10 +163,7 @@ impl NatsCluster {
 impl Drop for NatsCluster {
     fn drop(&mut self) {
         for node in &mut self.nodes {
-            if let Some(mut process) = node.process.take() {
-                let _ = process.kill();
-                let _ = process.wait();
-            }
+            kill(&mut node.process);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -191,19 +184,6 @@ fn jsz(monitor_port: u16, query: &str) -> Option<serde_json::Value> {
     stream.read_to_string(&mut answer).ok()?;
     let (_, body) = answer.split_once("\r\n\r\n")?;
     serde_json::from_str(body).ok()
-}
-
-/// Polls `done` every 50 ms (a cluster announces nothing one could await) until it holds;
-/// panics naming `what` after [`SETTLE_WITHIN`].
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < SETTLE_WITHIN,
-            "waited {SETTLE_WITHIN:?} for: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// `count` free ports: bound at once (so none repeats), then released.

@@ -4,10 +4,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-/// How long a cluster may take to form, or to promote a replica after its primary died.
-const SETTLE_WITHIN: Duration = Duration::from_secs(30);
+use crate::processes::{kill, wait_until};
 
 /// How long a node that misses pings counts as alive: short, so that a killed primary's
 /// replica takes over within a few seconds.
@@ -164,10 +162,7 @@ impl RedisCluster {
             .iter_mut()
             .find(|node| node.port == port)
             .expect("a node of this cluster");
-        if let Some(mut process) = node.process.take() {
-            let _ = process.kill();
-            let _ = process.wait();
-        }
+        kill(&mut node.process);
     }
 
     /// Starts the node on `port` again (after [`kill`](Self::kill)), from the cluster
@@ -232,10 +227,7 @@ impl RedisCluster {
 impl Drop for RedisCluster {
     fn drop(&mut self) {
         for node in &mut self.nodes {
-            if let Some(mut process) = node.process.take() {
-                let _ = process.kill();
-                let _ = process.wait();
-            }
+            kill(&mut node.process);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -290,19 +282,6 @@ fn cluster_ok(port: u16) -> bool {
     cli(port, &["CLUSTER", "INFO"]).is_some_and(|info| {
         info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
     })
-}
-
-/// Polls `done` every 50 ms (a cluster announces nothing one could await) until it holds;
-/// panics naming `what` after [`SETTLE_WITHIN`].
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < SETTLE_WITHIN,
-            "waited {SETTLE_WITHIN:?} for: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// `count` ports whose cluster-bus ports (+10000) are free too: bound at once, then released.
