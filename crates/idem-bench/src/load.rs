@@ -32,6 +32,9 @@ pub(crate) enum Keys {
 pub(crate) struct HttpTarget {
     /// The full URL requests go to.
     pub(crate) uri: Uri,
+    /// More URLs serving the same thing (other instances of one service): connection `i`
+    /// sends to the `i`-th of `uri` and these, in turn.
+    pub(crate) more_uris: Vec<Uri>,
     /// `Authorization` sent with every request.
     pub(crate) authorization: Option<String>,
     /// The JSON body of every request.
@@ -50,6 +53,7 @@ impl HttpTarget {
     pub(crate) fn post(uri: &str, authorization: Option<&str>, body: &'static str) -> Self {
         Self {
             uri: uri.parse().expect("a valid URL"),
+            more_uris: Vec::new(),
             authorization: authorization.map(str::to_owned),
             body: Bytes::from_static(body.as_bytes()),
             keys: Keys::Fresh {
@@ -57,6 +61,14 @@ impl HttpTarget {
             },
             expect_status: 201,
             expect_replayed: false,
+        }
+    }
+
+    /// Where worker `worker`'s requests go.
+    fn uri_for(&self, worker: usize) -> &Uri {
+        match worker % (1 + self.more_uris.len()) {
+            0 => &self.uri,
+            i => &self.more_uris[i - 1],
         }
     }
 
@@ -182,7 +194,7 @@ pub(crate) async fn run(target: Arc<HttpTarget>, plan: Plan, run: String) -> Sam
                     let key = target.key(&run, worker, n);
                     n += 1;
                     let sent = Instant::now();
-                    let outcome = send(&client, &target, key).await;
+                    let outcome = send(&client, &target, worker, key).await;
                     let done = Instant::now();
                     total += 1;
                     if done < measure_from || done > end {
@@ -216,8 +228,13 @@ pub(crate) async fn run(target: Arc<HttpTarget>, plan: Plan, run: String) -> Sam
 }
 
 /// Sends one request and checks its answer.
-async fn send(client: &HttpClient, target: &HttpTarget, key: String) -> anyhow::Result<()> {
-    let mut request = Request::post(target.uri.clone())
+async fn send(
+    client: &HttpClient,
+    target: &HttpTarget,
+    worker: usize,
+    key: String,
+) -> anyhow::Result<()> {
+    let mut request = Request::post(target.uri_for(worker).clone())
         .header(CONTENT_TYPE, "application/json")
         .header("idempotency-key", key);
     if let Some(authorization) = &target.authorization {
@@ -264,7 +281,7 @@ pub(crate) async fn prime(
     });
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let workers: Vec<_> = (0..concurrency)
-        .map(|_| {
+        .map(|worker| {
             let (client, target, next, keys) =
                 (client.clone(), target.clone(), next.clone(), keys.to_vec());
             tokio::spawn(async move {
@@ -273,7 +290,7 @@ pub(crate) async fn prime(
                     let Some(key) = keys.get(i) else {
                         return Ok::<_, anyhow::Error>(());
                     };
-                    send(&client, &target, key.clone())
+                    send(&client, &target, worker, key.clone())
                         .await
                         .with_context(|| format!("priming key {key}"))?;
                 }
@@ -306,6 +323,21 @@ pub(crate) async fn wait_until_up(uri: &str, timeout: Duration) -> anyhow::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_take_the_instances_in_turn() {
+        let mut target = HttpTarget::post("http://a/p", None, "{}");
+        assert_eq!(
+            target.uri_for(3),
+            &target.uri,
+            "one instance takes every connection"
+        );
+        target.more_uris = vec!["http://b/p".parse().unwrap(), "http://c/p".parse().unwrap()];
+        let hosts: Vec<_> = (0..6)
+            .map(|worker| target.uri_for(worker).host().unwrap().to_owned())
+            .collect();
+        assert_eq!(hosts, ["a", "b", "c", "a", "b", "c"]);
+    }
 
     #[test]
     fn a_sample_reports_percentiles_in_milliseconds() {

@@ -22,6 +22,8 @@ use crate::pgbench::{self, Pgbench, Script};
 use crate::servers::{self, Server, StoreUrl, payment_post};
 use crate::{Runtimes, Settings};
 
+mod scale;
+
 /// A group of workloads sharing one set-up; `--only` selects groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -42,11 +44,15 @@ pub enum Group {
     Micro,
     /// Peak RSS of `idem serve` with 256 open connections under load.
     Memory,
+    /// 1, 2 and 4 `idem serve` instances on one PostgreSQL database.
+    ScalePostgres,
+    /// The gateway on one Redis against a Redis Cluster of three primaries.
+    ScaleRedis,
 }
 
 impl Group {
     /// Every group, in the order the full command runs them.
-    pub const ALL: [Group; 8] = [
+    pub const ALL: [Group; 10] = [
         Group::Micro,
         Group::ServeSqlite,
         Group::ServePostgres,
@@ -54,6 +60,8 @@ impl Group {
         Group::GatewayPostgres,
         Group::GatewayRedis,
         Group::PeerLayer,
+        Group::ScalePostgres,
+        Group::ScaleRedis,
         Group::Memory,
     ];
 
@@ -68,6 +76,8 @@ impl Group {
             Group::PeerLayer => "peer-layer",
             Group::Micro => "micro",
             Group::Memory => "memory",
+            Group::ScalePostgres => "scale-postgres",
+            Group::ScaleRedis => "scale-redis",
         }
     }
 
@@ -80,6 +90,8 @@ impl Group {
             Group::GatewayPostgres => GATEWAY_POSTGRES,
             Group::GatewayRedis => GATEWAY_REDIS,
             Group::PeerLayer => PEER_LAYER,
+            Group::ScalePostgres => scale::SCALE_POSTGRES,
+            Group::ScaleRedis => scale::SCALE_REDIS,
             Group::Micro | Group::Memory => &[],
         }
     }
@@ -117,6 +129,8 @@ impl Group {
             }
             Group::GatewayRedis => gateway_redis(env).await,
             Group::PeerLayer => peer_layer(env).await,
+            Group::ScalePostgres => scale::scale_postgres(env).await,
+            Group::ScaleRedis => scale::scale_redis(env).await,
             Group::Micro | Group::Memory => Ok(Prepared::default()),
         }
     }
