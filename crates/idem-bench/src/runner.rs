@@ -22,6 +22,10 @@ pub struct RunResult {
     pub cpu_us_per_request: BTreeMap<String, f64>,
     /// The share of the machine's CPU left idle over the window.
     pub machine_idle: Option<f64>,
+    /// Round trips to the database per request over the window, counted by the latency
+    /// relay (when the variant runs through one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_round_trips: Option<f64>,
 }
 
 /// One side of a row: a variant's medians over its rounds.
@@ -43,6 +47,9 @@ pub struct Side {
     pub cpu_us_per_request: BTreeMap<String, f64>,
     /// Median share of the machine's CPU left idle.
     pub machine_idle: Option<f64>,
+    /// Median round trips to the database per request (through the latency relay only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_round_trips: Option<f64>,
     /// Every round.
     pub rounds: Vec<RunResult>,
 }
@@ -68,6 +75,9 @@ pub struct Row {
     pub group: Group,
     /// What it measures.
     pub title: &'static str,
+    /// The latency the relay added each way between the servers and their database, ms (0:
+    /// connected directly). A row's id and this latency identify it in a report.
+    pub db_latency_ms: f64,
     /// Whether it was measured.
     pub status: Status,
     /// Why not, when it was not.
@@ -92,11 +102,12 @@ pub struct Row {
 }
 
 impl Row {
-    fn not_measured(group: Group, c: &Comparison, status: Status, reason: String) -> Self {
+    fn not_measured(run: Run, c: &Comparison, status: Status, reason: String) -> Self {
         Self {
             id: c.id,
-            group,
+            group: run.group,
             title: c.title,
+            db_latency_ms: run.db_latency_ms,
             status,
             reason: Some(reason),
             a: None,
@@ -118,12 +129,38 @@ struct Runs {
     failure: Option<String>,
 }
 
-/// How many milliseconds of load a group's plan holds (the progress bar's unit).
+/// How many milliseconds of load a group's plan holds, at every latency it runs at (the
+/// progress bar's unit).
 pub(crate) fn planned_ms(group: Group, settings: &Settings) -> u64 {
+    let latencies = group.db_latencies_ms(settings).len() as u64;
+    latencies * planned_ms_once(group, settings)
+}
+
+/// How many milliseconds of load one run of a group holds.
+fn planned_ms_once(group: Group, settings: &Settings) -> u64 {
     if group == Group::Memory {
         return run_ms(settings);
     }
     (group.variant_count() * settings.rounds) as u64 * run_ms(settings)
+}
+
+/// A group at one database latency: what [`run_group`] runs once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Run {
+    pub(crate) group: Group,
+    /// Milliseconds each way; 0 connects directly.
+    pub(crate) db_latency_ms: f64,
+}
+
+impl Run {
+    /// The group's name, with the latency if there is one.
+    fn name(self) -> String {
+        if self.db_latency_ms > 0.0 {
+            format!("{} @ {} ms", self.group.name(), self.db_latency_ms)
+        } else {
+            self.group.name().to_owned()
+        }
+    }
 }
 
 /// Milliseconds of one run.
@@ -131,18 +168,24 @@ fn run_ms(settings: &Settings) -> u64 {
     (settings.warmup + settings.duration).as_millis() as u64
 }
 
-/// Sets up `group`, runs its rounds and tears it down.
-pub(crate) async fn run_group(env: &Env, group: Group) -> Vec<Row> {
+/// Sets up `group` with `db_latency_ms` between its servers and their database, runs its
+/// rounds and tears it down.
+pub(crate) async fn run_group(env: &Env, group: Group, db_latency_ms: f64) -> Vec<Row> {
+    let run = Run {
+        group,
+        db_latency_ms,
+    };
     let comparisons = group.comparisons();
     env.progress
-        .set_message(format!("{}: starting", group.name()));
-    let prepared = match group.setup(env).await {
+        .set_message(format!("{}: starting", run.name()));
+    let prepared = match group.setup(env, db_latency_ms).await {
         Ok(prepared) => prepared,
         Err(e) => {
-            env.progress.dec_length(planned_ms(group, &env.settings));
+            env.progress
+                .dec_length(planned_ms_once(group, &env.settings));
             return comparisons
                 .iter()
-                .map(|c| Row::not_measured(group, c, Status::Skipped, format!("{e:#}")))
+                .map(|c| Row::not_measured(run, c, Status::Skipped, format!("{e:#}")))
                 .collect();
         }
     };
@@ -153,11 +196,11 @@ pub(crate) async fn run_group(env: &Env, group: Group) -> Vec<Row> {
         * env.settings.rounds;
     env.progress
         .dec_length(skipped_runs as u64 * run_ms(&env.settings));
-    let runs = run_rounds(env, group, &selection.variants).await;
+    let runs = run_rounds(env, run, &selection.variants).await;
     prepared.teardown.run().await;
     comparisons
         .iter()
-        .map(|c| selection.row(group, c, &runs))
+        .map(|c| selection.row(run, c, &runs))
         .collect()
 }
 
@@ -203,14 +246,14 @@ impl Selection {
 
     /// The row of `c`: skipped when a side could not run, failed when a side failed, else
     /// measured.
-    fn row(&self, group: Group, c: &Comparison, runs: &HashMap<&str, Runs>) -> Row {
+    fn row(&self, run: Run, c: &Comparison, runs: &HashMap<&str, Runs>) -> Row {
         if let Some(why) = self.unavailable.get(c.a).or(self.unavailable.get(c.b)) {
-            return Row::not_measured(group, c, Status::Skipped, why.clone());
+            return Row::not_measured(run, c, Status::Skipped, why.clone());
         }
         let (a, b) = (&runs[c.a], &runs[c.b]);
         if let Some(why) = a.failure.as_ref().or(b.failure.as_ref()) {
             let side = if a.failure.is_some() { c.a } else { c.b };
-            return Row::not_measured(group, c, Status::Failed, format!("{side}: {why}"));
+            return Row::not_measured(run, c, Status::Failed, format!("{side}: {why}"));
         }
         let label = |id| {
             self.variants
@@ -219,13 +262,13 @@ impl Selection {
                 .map(|v| v.label.clone())
                 .unwrap_or_default()
         };
-        row(group, c, side(c.a, label(c.a), a), side(c.b, label(c.b), b))
+        row(run, c, side(c.a, label(c.a), a), side(c.b, label(c.b), b))
     }
 }
 
 /// Runs each of `variants` once a round, in an order that rotates each round; a variant that
 /// failed is not run again.
-async fn run_rounds(env: &Env, group: Group, variants: &[Variant]) -> HashMap<&'static str, Runs> {
+async fn run_rounds(env: &Env, run: Run, variants: &[Variant]) -> HashMap<&'static str, Runs> {
     let per_run = run_ms(&env.settings);
     let mut runs: HashMap<&str, Runs> = variants.iter().map(|v| (v.id, Runs::default())).collect();
     for round in 0..env.settings.rounds {
@@ -240,7 +283,7 @@ async fn run_rounds(env: &Env, group: Group, variants: &[Variant]) -> HashMap<&'
             }
             env.progress.set_message(format!(
                 "{}: {} (round {}/{})",
-                group.name(),
+                run.name(),
                 variant.label,
                 round + 1,
                 env.settings.rounds
@@ -268,14 +311,15 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
     };
     let position = env.progress.position();
     let started = Instant::now();
-    // CPU is read at the window's start and just before its end, while every process that
-    // serves the load (pgbench's backends included) is still alive.
+    // CPU (and the relay's round trips) are read at the window's start and just before its
+    // end, while every process that serves the load (pgbench's backends included) is alive.
+    let round_trips = || variant.relay.as_ref().map(|counts| counts.round_trips());
     let cpu_window = async {
         tokio::time::sleep(settings.warmup).await;
-        let before = cpu::snapshot(&variant.children);
+        let before = (cpu::snapshot(&variant.children), round_trips());
         let from = Instant::now();
         tokio::time::sleep(settings.duration.saturating_sub(Duration::from_millis(20))).await;
-        let after = cpu::snapshot(&variant.children);
+        let after = (cpu::snapshot(&variant.children), round_trips());
         (before, after, from.elapsed())
     };
     let ticker = async {
@@ -300,7 +344,7 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
                 .map_err(|e| format!("{e:#}")),
         }
     };
-    let (sample, (before, after, window)) = tokio::select! {
+    let (sample, ((before, trips_before), (after, trips_after), window)) = tokio::select! {
         both = async { tokio::join!(load, cpu_window) } => both,
         _ = ticker => unreachable!("the ticker never ends"),
     };
@@ -308,9 +352,13 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
     let sample = sample?;
     sample.check()?;
     let served = (sample.throughput * window.as_secs_f64()).round() as u64;
+    let db_round_trips = trips_before
+        .zip(trips_after)
+        .map(|(before, after)| (after - before) as f64 / served.max(1) as f64);
     Ok(RunResult {
         cpu_us_per_request: before.per_request(&after, served),
         machine_idle: before.idle_fraction(&after),
+        db_round_trips,
         sample,
     })
 }
@@ -337,6 +385,12 @@ fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
                 .filter_map(|r| r.machine_idle)
                 .collect::<Vec<_>>(),
         ),
+        db_round_trips: median(
+            &rounds
+                .iter()
+                .filter_map(|r| r.db_round_trips)
+                .collect::<Vec<_>>(),
+        ),
         cpu_us_per_request: components
             .into_iter()
             .filter_map(|(name, values)| Some((name, median(&values)?)))
@@ -346,7 +400,7 @@ fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
 }
 
 /// Builds a measured row; ratios pair the two sides round by round.
-fn row(group: Group, c: &Comparison, a: Side, b: Side) -> Row {
+fn row(run: Run, c: &Comparison, a: Side, b: Side) -> Row {
     let pairs: Vec<(&RunResult, &RunResult)> = a.rounds.iter().zip(b.rounds.iter()).collect();
     let ratio_rounds: Vec<f64> = pairs
         .iter()
@@ -363,8 +417,9 @@ fn row(group: Group, c: &Comparison, a: Side, b: Side) -> Row {
     let ratio = median(&ratio_rounds);
     Row {
         id: c.id,
-        group,
+        group: run.group,
         title: c.title,
+        db_latency_ms: run.db_latency_ms,
         status: Status::Ok,
         reason: None,
         ratio,
