@@ -29,7 +29,8 @@
 //! `--db-latency-ms 0,0.25,1` runs the PostgreSQL and Redis groups once per latency, with a
 //! relay that holds every chunk that long each way between the servers (pgbench included)
 //! and their database, as if it were on another host; the relay also counts the round trips
-//! each request costs.
+//! each request costs. `--compare OLD.json` prints each row's ratio beside the same row's in
+//! an earlier `--json` report.
 //!
 //! ```no_run
 //! use clap::Parser as _;
@@ -47,6 +48,7 @@ use clap::Parser;
 use tokio::runtime::Handle;
 
 mod child;
+pub mod compare;
 mod cpu;
 mod load;
 pub mod memory;
@@ -110,6 +112,10 @@ pub struct Args {
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "PATH")]
     pub json_file: Option<PathBuf>,
+    /// Print each row's ratio beside the same row's in this earlier `--json` report, and the
+    /// change (to stderr with --json).
+    #[arg(long, value_name = "OLD.json")]
+    pub compare: Option<PathBuf>,
     /// Run the PostgreSQL and Redis groups once per latency (milliseconds, comma-separated),
     /// with a relay holding every chunk that long each way between the servers and their
     /// database; 0 connects directly.
@@ -230,6 +236,12 @@ fn runtime_with(name: &'static str, threads: usize) -> anyhow::Result<tokio::run
 /// (not when a target was missed, nor when a dependency was missing and a row was skipped).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let settings = Settings::from_args(&args)?;
+    // Read first: a typo in the path should not cost a run.
+    let earlier = args
+        .compare
+        .as_deref()
+        .map(compare::Summary::read)
+        .transpose()?;
     let report = measure(settings)?;
     if let Some(path) = &args.json_file {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
@@ -239,6 +251,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.table());
+    }
+    if let (Some(earlier), Some(path)) = (&earlier, &args.compare) {
+        let name = path.display().to_string();
+        let table = compare::table(earlier, &compare::Summary::of(&report)?, &name);
+        // stdout stays one JSON document with --json.
+        if args.json {
+            eprint!("\n{table}");
+        } else {
+            print!("\n{table}");
+        }
     }
     let failed = report
         .rows
