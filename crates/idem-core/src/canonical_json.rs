@@ -72,6 +72,12 @@ pub(crate) trait Sink {
     fn put_byte(&mut self, byte: u8) {
         self.put(&[byte]);
     }
+
+    /// Appends `text[..len]`. `text` may go on past `len`, so that a sink can copy a short
+    /// text as a fixed number of bytes, which costs less than a copy of any length.
+    fn put_prefix(&mut self, text: &[u8], len: usize) {
+        self.put(&text[..len]);
+    }
 }
 
 impl Sink for Vec<u8> {
@@ -239,9 +245,11 @@ const ROOT: usize = 0;
 #[derive(Debug, Clone, Copy)]
 enum Node<'a> {
     /// A number, a literal, or a string without escapes: its canonical form is its text as
-    /// written (a string's with its quotes). Numbers are kept exactly as written, and a string
-    /// without escapes holds nothing RFC 8785 escapes (`"`, `\` or a control character).
-    Verbatim(&'a [u8]),
+    /// written (a string's with its quotes), `rest[..len]`. Numbers are kept exactly as
+    /// written, and a string without escapes holds nothing RFC 8785 escapes (`"`, `\` or a
+    /// control character). `rest` runs on to the end of the input, so that a short text can be
+    /// copied as a fixed 16 bytes (see [`Sink::put_prefix`]).
+    Verbatim { rest: &'a [u8], len: usize },
     /// A string that had escapes, unescaped: bytes `start..end` of [`Document::text`].
     Unescaped { start: usize, end: usize },
     /// An array; its elements follow, up to the node at `end`.
@@ -302,7 +310,7 @@ impl<'a> Document<'a> {
     fn after(&self, at: usize) -> usize {
         match self.nodes[at] {
             Node::Array { end } | Node::Object { end, .. } => end,
-            Node::Verbatim(_) | Node::Unescaped { .. } => at + 1,
+            Node::Verbatim { .. } | Node::Unescaped { .. } => at + 1,
         }
     }
 
@@ -321,8 +329,8 @@ impl<'a> Document<'a> {
     #[inline]
     fn write_next(&self, at: usize, out: &mut impl Sink) -> usize {
         match self.nodes[at] {
-            Node::Verbatim(text) => {
-                out.put(text);
+            Node::Verbatim { rest, len } => {
+                out.put_prefix(rest, len);
                 at + 1
             }
             _ => self.write_other(at, out),
@@ -332,7 +340,7 @@ impl<'a> Document<'a> {
     /// [`Document::write_next`] for what is not verbatim: strings with escapes and containers.
     fn write_other(&self, at: usize, out: &mut impl Sink) -> usize {
         match self.nodes[at] {
-            Node::Verbatim(text) => out.put(text),
+            Node::Verbatim { rest, len } => out.put_prefix(rest, len),
             Node::Unescaped { start, end } => write_string(&self.text[start..end], out),
             Node::Array { end } => {
                 out.put_byte(b'[');
@@ -396,7 +404,7 @@ impl<'a> Document<'a> {
                 }
                 out.put_byte(b'}');
             }
-            Node::Verbatim(_) | Node::Unescaped { .. } => self.write(at, out),
+            Node::Verbatim { .. } | Node::Unescaped { .. } => self.write(at, out),
         }
     }
 
@@ -432,9 +440,17 @@ impl<'a> Document<'a> {
 
 /// The unescaped text of the string node at `at` (a name: always a string).
 fn string_at<'d>(nodes: &'d [Node<'_>], text: &'d [u8], at: usize) -> &'d [u8] {
+    let (run_on, len) = string_run_on(nodes, text, at);
+    &run_on[..len]
+}
+
+/// The unescaped text of the string node at `at`, as `(run_on, len)`: the text is
+/// `run_on[..len]`, and `run_on` goes on past it to the end of its buffer.
+fn string_run_on<'d>(nodes: &'d [Node<'_>], text: &'d [u8], at: usize) -> (&'d [u8], usize) {
     match nodes[at] {
-        Node::Verbatim(quoted) => &quoted[1..quoted.len() - 1],
-        Node::Unescaped { start, end } => &text[start..end],
+        // Without its quotes.
+        Node::Verbatim { rest, len } => (&rest[1..], len - 2),
+        Node::Unescaped { start, end } => (&text[start..], end - start),
         Node::Array { .. } | Node::Object { .. } => unreachable!("a member's name is a string"),
     }
 }
@@ -576,10 +592,13 @@ struct Name {
 }
 
 impl Name {
-    fn new(name: &[u8], node: usize) -> Self {
-        let prefix = match name.first_chunk::<8>() {
-            Some(first) => u64::from_be_bytes(*first),
-            None => name
+    /// The name `run_on[..len]` of the member whose name is node `node`.
+    fn new(run_on: &[u8], len: usize, node: usize) -> Self {
+        // Eight bytes at once where the buffer has them, the bytes past the name masked off.
+        let prefix = match run_on.first_chunk::<8>() {
+            Some(first) if len >= 8 => u64::from_be_bytes(*first),
+            Some(first) => u64::from_be_bytes(*first) & !(u64::MAX >> (8 * len)),
+            None => run_on[..len]
                 .iter()
                 .zip((0..8).rev())
                 .fold(0, |prefix, (&b, place)| {
@@ -632,9 +651,10 @@ impl<'a> Parser<'a> {
     /// Adds a value whose canonical form is `input[start..self.pos]`.
     #[inline]
     fn verbatim(&mut self, start: usize) {
-        let text = &self.input[start..self.pos];
-        self.doc.len += text.len();
-        self.doc.nodes.push(Node::Verbatim(text));
+        let len = self.pos - start;
+        self.doc.len += len;
+        let rest = &self.input[start..];
+        self.doc.nodes.push(Node::Verbatim { rest, len });
     }
 
     fn value(&mut self, depth: usize) -> Parsed {
@@ -898,7 +918,8 @@ impl<'a> Parser<'a> {
                 self.skip_ws();
                 let node = self.doc.nodes.len();
                 self.string()?;
-                let name = Name::new(self.doc.string_at(node), node);
+                let (run_on, len) = string_run_on(&self.doc.nodes, &self.doc.text, node);
+                let name = Name::new(run_on, len, node);
                 self.skip_ws();
                 self.expect(b':', "expected ':'")?;
                 self.skip_ws();

@@ -235,6 +235,20 @@ impl Sink for HashSink {
     }
 
     #[inline]
+    fn put_prefix(&mut self, text: &[u8], len: usize) {
+        // Most pieces (a name, a number) are short: sixteen bytes are copied whatever their
+        // length, and the bytes past `len` are overwritten by the next piece or never hashed.
+        let room = self.buffer.get_mut(self.filled..self.filled + 16);
+        match (text.first_chunk::<16>(), room) {
+            (Some(chunk), Some(room)) if len <= 16 => {
+                room.copy_from_slice(chunk);
+                self.filled += len;
+            }
+            _ => self.put(&text[..len]),
+        }
+    }
+
+    #[inline]
     fn put_byte(&mut self, byte: u8) {
         match self.buffer.get_mut(self.filled) {
             Some(room) => {
