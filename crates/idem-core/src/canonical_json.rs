@@ -801,6 +801,13 @@ impl<'a> Parser<'a> {
 
     /// The rest of a string that has escapes, from its first backslash, after `first`.
     fn unescape(&mut self, first: &[u8]) -> Parsed {
+        if self.doc.text.capacity() == 0 {
+            // Unescaped text is never longer than its source, so this is room for every
+            // string still to come: the buffer is allocated once, and only if it is needed.
+            self.doc
+                .text
+                .reserve(first.len() + self.input.len() - self.pos);
+        }
         let start = self.doc.text.len();
         self.doc.text.extend_from_slice(first);
         loop {
