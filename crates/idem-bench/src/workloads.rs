@@ -241,6 +241,13 @@ const SERVE_POSTGRES: &[Comparison] = &[
         at_least(0.8),
     ),
     Comparison::new(
+        "floor-pgbench-pool",
+        "floor: pgbench, idem's pool size",
+        "pgbench-pool",
+        "idem",
+        None,
+    ),
+    Comparison::new(
         "floor-statements",
         "pgbench sending idem's statements",
         "pgbench-idem",
@@ -450,6 +457,11 @@ async fn db_route(
     Ok((parsed.through(relay.addr()), Some(relay)))
 }
 
+/// The connections in `idem serve`'s PostgreSQL pool (`PgStore::connect`). pgbench runs one
+/// connection per client, so with the database on another host, where each connection waits
+/// a round trip per statement, pgbench with this many clients is the floor on equal terms.
+const IDEM_PG_POOL: usize = 10;
+
 /// How many keys a replay workload cycles through.
 const REPLAY_KEYS: usize = 2000;
 
@@ -576,13 +588,16 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
     )
     .await;
     let available = pgbench::available().await;
-    let pgbench = |id, label: &str, script| match &available {
+    let pgbench = |id, label: &str, script, clients: Option<usize>| match &available {
         Ok(_) => entry(
             id,
             Pgbench::new(&url, dir.path(), script, SystemClock.now().0).map(|p| Variant {
                 id,
                 label: label.into(),
-                driver: Driver::Pgbench(p),
+                driver: Driver::Pgbench(match clients {
+                    Some(clients) => p.with_max_clients(clients),
+                    None => p,
+                }),
                 children: Vec::new(),
                 relay: None,
             }),
@@ -593,11 +608,23 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
         bare_variant(&bare),
         ready("idem", "idem serve", fresh),
         entry("replay", replay),
-        pgbench("pgbench", "pgbench, same transaction", Script::Transaction),
+        pgbench(
+            "pgbench",
+            "pgbench, same transaction",
+            Script::Transaction,
+            None,
+        ),
+        pgbench(
+            "pgbench-pool",
+            &format!("pgbench, same transaction, {IDEM_PG_POOL} clients"),
+            Script::Transaction,
+            Some(IDEM_PG_POOL),
+        ),
         pgbench(
             "pgbench-idem",
             "pgbench, idem's 6 statements",
             Script::IdemStatements,
+            None,
         ),
         ready(
             "claim-first",
