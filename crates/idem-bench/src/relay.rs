@@ -26,17 +26,43 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use crate::cpu::RELAY_THREADS;
 
-/// What a relay has seen.
+/// What a relay has seen, counted as it runs.
 #[derive(Debug, Default)]
 pub(crate) struct RelayCounts {
+    /// Writes from a client that follow an answer from the server (or open the connection).
     round_trips: AtomicU64,
+    /// Chunks written on.
+    chunks: AtomicU64,
+    /// How much later than their time the chunks were written on, in all, µs.
+    late_micros: AtomicU64,
 }
 
 impl RelayCounts {
-    /// Round trips so far, over every connection: writes from a client that follow an answer
-    /// from the server (or open the connection).
-    pub(crate) fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::Relaxed)
+    /// The counts so far.
+    pub(crate) fn tally(&self) -> RelayTally {
+        RelayTally {
+            round_trips: self.round_trips.load(Ordering::Relaxed),
+            chunks: self.chunks.load(Ordering::Relaxed),
+            late_micros: self.late_micros.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// [`RelayCounts`] at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RelayTally {
+    /// Round trips, over every connection.
+    pub(crate) round_trips: u64,
+    chunks: u64,
+    late_micros: u64,
+}
+
+impl RelayTally {
+    /// How much later than its time a chunk was written on, on average, between `before` and
+    /// `self`, ms: what the machine's scheduling added to the delay (nothing if no chunk).
+    pub(crate) fn mean_late_ms(&self, before: &RelayTally) -> Option<f64> {
+        let chunks = self.chunks - before.chunks;
+        (chunks > 0).then(|| (self.late_micros - before.late_micros) as f64 / chunks as f64 / 1e3)
     }
 }
 
@@ -140,9 +166,9 @@ async fn relay_connection(client: TcpStream, hop: Hop) {
     let (to_client, for_client) = mpsc::unbounded_channel();
     tokio::join!(
         read(client_read, to_server, Flow::ToServer, &answered, &hop),
-        write(for_server, server_write),
+        write(for_server, server_write, &hop.counts),
         read(server_read, to_client, Flow::ToClient, &answered, &hop),
-        write(for_client, client_write),
+        write(for_client, client_write, &hop.counts),
     );
 }
 
@@ -156,7 +182,7 @@ enum Flow {
 /// Reads chunks from `from` and queues each for `to`, to be written after the delay.
 async fn read(
     mut from: OwnedReadHalf,
-    to: mpsc::UnboundedSender<Bytes>,
+    to: mpsc::UnboundedSender<Chunk>,
     flow: Flow,
     answered: &AtomicBool,
     hop: &Hop,
@@ -182,15 +208,29 @@ async fn read(
     // hold clones of it) have been written: the end of the stream is delayed like its bytes.
 }
 
-/// Writes what falls due to `to`; closes its side once the reading side has closed and every
-/// chunk queued before has been written.
-async fn write(mut chunks: mpsc::UnboundedReceiver<Bytes>, mut to: OwnedWriteHalf) {
-    while let Some(chunk) = chunks.recv().await {
-        if to.write_all(&chunk).await.is_err() {
+/// Writes what falls due to `to`, counting how late; closes its side once the reading side
+/// has closed and every chunk queued before has been written.
+async fn write(
+    mut chunks: mpsc::UnboundedReceiver<Chunk>,
+    mut to: OwnedWriteHalf,
+    counts: &RelayCounts,
+) {
+    while let Some(Chunk { due, bytes }) = chunks.recv().await {
+        if to.write_all(&bytes).await.is_err() {
             return;
         }
+        let late = Instant::now().saturating_duration_since(due).as_micros() as u64;
+        counts.chunks.fetch_add(1, Ordering::Relaxed);
+        counts.late_micros.fetch_add(late, Ordering::Relaxed);
     }
     let _ = to.shutdown().await;
+}
+
+/// Bytes on their way, and when they were due to be written on.
+#[derive(Debug)]
+struct Chunk {
+    due: Instant,
+    bytes: Bytes,
 }
 
 /// Chunks waiting for their time, in the order they fall due, and the thread that releases
@@ -210,9 +250,8 @@ struct Pending {
 /// A chunk and where it goes when it falls due.
 #[derive(Debug)]
 struct Delayed {
-    due: Instant,
-    to: mpsc::UnboundedSender<Bytes>,
-    chunk: Bytes,
+    to: mpsc::UnboundedSender<Chunk>,
+    chunk: Chunk,
 }
 
 impl Queue {
@@ -222,13 +261,13 @@ impl Queue {
 
     /// Queues `chunk` for `to`, due `delay` from now. The time is read under the lock, so the
     /// queue stays in the order chunks fall due.
-    fn push(&self, delay: Duration, to: mpsc::UnboundedSender<Bytes>, chunk: Bytes) {
+    fn push(&self, delay: Duration, to: mpsc::UnboundedSender<Chunk>, bytes: Bytes) {
         let mut pending = self.lock();
         let was_empty = pending.chunks.is_empty();
+        let due = Instant::now() + delay;
         pending.chunks.push_back(Delayed {
-            due: Instant::now() + delay,
             to,
-            chunk,
+            chunk: Chunk { due, bytes },
         });
         drop(pending);
         // The releasing thread waits for the first chunk, whose time a later one never moves.
@@ -249,7 +288,11 @@ impl Queue {
         let mut pending = self.lock();
         while !pending.stopped {
             let now = Instant::now();
-            while pending.chunks.front().is_some_and(|first| first.due <= now) {
+            while pending
+                .chunks
+                .front()
+                .is_some_and(|first| first.chunk.due <= now)
+            {
                 due.extend(pending.chunks.pop_front());
             }
             if !due.is_empty() {
@@ -265,7 +308,7 @@ impl Queue {
             let wait = pending
                 .chunks
                 .front()
-                .map_or(Duration::from_secs(60), |first| first.due - now);
+                .map_or(Duration::from_secs(60), |first| first.chunk.due - now);
             pending = self
                 .changed
                 .wait_timeout(pending, wait)
@@ -373,7 +416,7 @@ mod tests {
                 fastest >= 2 * delay,
                 "{fastest:?} through a {delay:?} relay"
             );
-            assert_eq!(relay.counts().round_trips(), 20);
+            assert_eq!(relay.counts().tally().round_trips, 20);
         }
     }
 

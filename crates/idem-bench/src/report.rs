@@ -203,6 +203,7 @@ impl Report {
         let mut header: Vec<(&str, Align)> = vec![("row", Align::Left)];
         header.extend(headers.iter().map(|h| (h.as_str(), Align::Right)));
         header.push(("round trips/request A/B", Align::Right));
+        header.push(("relay late ms A/B", Align::Right));
         let mut ids: Vec<&str> = Vec::new();
         for row in self.rows.iter().filter(|r| r.db_latency_ms > 0.0) {
             if !ids.contains(&row.id) {
@@ -214,8 +215,11 @@ impl Report {
             return String::new();
         }
         format!(
-            "\ndatabase latency added each way by the relay: B/A at each, and the round trips to \
-             the database per request the relay counted\n{}",
+            "\ndatabase latency added each way by the relay: B/A at each; the round trips to the \
+             database per request the relay counted (a client's write after an answer, on each \
+             connection: on a multiplexed one, such as Redis's, one carries several requests' \
+             commands); and how much later than asked the relay passed chunks on (the busy \
+             machine's scheduling), at the first latency above 0\n{}",
             columns(&header, &lines)
         )
     }
@@ -237,16 +241,19 @@ impl Report {
         for &ms in &self.settings.db_latency_ms {
             line.push(at(ms).map_or_else(|| "-".into(), ratio_cell));
         }
-        // The count hardly moves with the latency: the first relayed run's is shown.
+        // The counts hardly move with the latency: the first relayed run's are shown.
         let relayed = self
             .rows
             .iter()
             .find(|r| r.id == id && r.db_latency_ms > 0.0 && r.status == Status::Ok);
-        let trips = |side: Option<&crate::runner::Side>| side.and_then(|s| s.db_round_trips);
-        line.push(relayed.map_or_else(
-            || "-".into(),
-            |r| pair(trips(r.a.as_ref()), trips(r.b.as_ref()), 1),
-        ));
+        let both = |f: fn(&crate::runner::Side) -> Option<f64>, decimals| {
+            relayed.map_or_else(
+                || "-".into(),
+                |r| pair(r.a.as_ref().and_then(f), r.b.as_ref().and_then(f), decimals),
+            )
+        };
+        line.push(both(|s| s.db_round_trips, 1));
+        line.push(both(|s| s.db_relay_late_ms, 2));
         line
     }
 

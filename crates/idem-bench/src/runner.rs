@@ -22,10 +22,14 @@ pub struct RunResult {
     pub cpu_us_per_request: BTreeMap<String, f64>,
     /// The share of the machine's CPU left idle over the window.
     pub machine_idle: Option<f64>,
-    /// Round trips to the database per request over the window, counted by the latency
-    /// relay (when the variant runs through one).
+    /// Round trips to the database per request over the run, counted by the latency relay
+    /// (when the variant runs through one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub db_round_trips: Option<f64>,
+    /// How much later than its time the relay passed a chunk on, on average over the run, ms
+    /// (scheduling on a busy machine; the relay's hop is its delay plus this).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_relay_late_ms: Option<f64>,
 }
 
 /// One side of a row: a variant's medians over its rounds.
@@ -50,6 +54,9 @@ pub struct Side {
     /// Median round trips to the database per request (through the latency relay only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub db_round_trips: Option<f64>,
+    /// Median of how late the relay passed chunks on, ms (through the latency relay only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_relay_late_ms: Option<f64>,
     /// Every round.
     pub rounds: Vec<RunResult>,
 }
@@ -311,17 +318,21 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
     };
     let position = env.progress.position();
     let started = Instant::now();
-    // CPU (and the relay's round trips) are read at the window's start and just before its
-    // end, while every process that serves the load (pgbench's backends included) is alive.
-    let round_trips = || variant.relay.as_ref().map(|counts| counts.round_trips());
+    // CPU is read at the window's start and just before its end, while every process that
+    // serves the load (pgbench's backends included) is still alive.
     let cpu_window = async {
         tokio::time::sleep(settings.warmup).await;
-        let before = (cpu::snapshot(&variant.children), round_trips());
+        let before = cpu::snapshot(&variant.children);
         let from = Instant::now();
         tokio::time::sleep(settings.duration.saturating_sub(Duration::from_millis(20))).await;
-        let after = (cpu::snapshot(&variant.children), round_trips());
+        let after = cpu::snapshot(&variant.children);
         (before, after, from.elapsed())
     };
+    // Round trips are counted over the whole run and divided by every request it completed:
+    // pgbench's window (from its log) and the harness's clock need not line up, and pgbench
+    // connects while the window may already run.
+    let tally = || variant.relay.as_ref().map(|counts| counts.tally());
+    let relay_before = tally();
     let ticker = async {
         loop {
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -344,7 +355,7 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
                 .map_err(|e| format!("{e:#}")),
         }
     };
-    let (sample, ((before, trips_before), (after, trips_after), window)) = tokio::select! {
+    let (sample, (before, after, window)) = tokio::select! {
         both = async { tokio::join!(load, cpu_window) } => both,
         _ = ticker => unreachable!("the ticker never ends"),
     };
@@ -352,15 +363,22 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
     let sample = sample?;
     sample.check()?;
     let served = (sample.throughput * window.as_secs_f64()).round() as u64;
-    let db_round_trips = trips_before
-        .zip(trips_after)
-        .map(|(before, after)| (after - before) as f64 / served.max(1) as f64);
+    let relay = relay_before.zip(tally());
+    let db_round_trips = relay.map(|(before, after)| {
+        (after.round_trips - before.round_trips) as f64 / sample.total_requests.max(1) as f64
+    });
     Ok(RunResult {
         cpu_us_per_request: before.per_request(&after, served),
         machine_idle: before.idle_fraction(&after),
         db_round_trips,
+        db_relay_late_ms: relay.and_then(|(before, after)| after.mean_late_ms(&before)),
         sample,
     })
+}
+
+/// The median of what `f` gives for the rounds that have it.
+fn median_of(rounds: &[RunResult], f: impl Fn(&RunResult) -> Option<f64>) -> Option<f64> {
+    median(&rounds.iter().filter_map(f).collect::<Vec<_>>())
 }
 
 fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
@@ -379,18 +397,9 @@ fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
         p50_ms: of(|r| r.sample.p50_ms),
         p99_ms: of(|r| r.sample.p99_ms),
         serving_cpu_us: of(|r| cpu::serving(&r.cpu_us_per_request)),
-        machine_idle: median(
-            &rounds
-                .iter()
-                .filter_map(|r| r.machine_idle)
-                .collect::<Vec<_>>(),
-        ),
-        db_round_trips: median(
-            &rounds
-                .iter()
-                .filter_map(|r| r.db_round_trips)
-                .collect::<Vec<_>>(),
-        ),
+        machine_idle: median_of(&rounds, |r| r.machine_idle),
+        db_round_trips: median_of(&rounds, |r| r.db_round_trips),
+        db_relay_late_ms: median_of(&rounds, |r| r.db_relay_late_ms),
         cpu_us_per_request: components
             .into_iter()
             .filter_map(|(name, values)| Some((name, median(&values)?)))
