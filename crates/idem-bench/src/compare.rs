@@ -86,15 +86,17 @@ impl Summary {
 /// The comparison of `new` with `old` (read from `old_name`): the rows in `new`'s order, then
 /// those only `old` has; then the micro-benchmarks the same way.
 pub fn table(old: &Summary, new: &Summary, old_name: &str) -> String {
-    let mut out = format!("compared with {old_name}: B/A then and now, and the change\n");
+    let mut tables = Vec::new();
     if !old.rows.is_empty() || !new.rows.is_empty() {
-        out.push_str(&columns(&ROW_COLUMNS, &row_lines(old, new, old_name)));
+        tables.push(columns(&ROW_COLUMNS, &row_lines(old, new, old_name)));
     }
     if !old.micro.is_empty() || !new.micro.is_empty() {
-        out.push('\n');
-        out.push_str(&columns(&MICRO_COLUMNS, &micro_lines(old, new, old_name)));
+        tables.push(columns(&MICRO_COLUMNS, &micro_lines(old, new, old_name)));
     }
-    out
+    format!(
+        "compared with {old_name}: B/A then and now, and the change\n{}",
+        tables.join("\n")
+    )
 }
 
 const ROW_COLUMNS: [(&str, Align); 4] = [
