@@ -83,18 +83,18 @@ impl Relay {
         delay: Duration,
     ) -> anyhow::Result<Relay> {
         let queue = Arc::new(Queue::default());
-        let releaser = Arc::clone(&queue);
-        std::thread::Builder::new()
-            .name(format!("{RELAY_THREADS}-clock"))
-            .spawn(move || releaser.release())
-            .context("cannot start the relay's thread")?;
-        let counts = Arc::new(RelayCounts::default());
         // Bound on the runtime itself, so the sockets belong to its I/O driver.
         let listener = runtime
             .spawn(TcpListener::bind("127.0.0.1:0"))
             .await?
             .context("the relay cannot bind")?;
         let addr = listener.local_addr()?;
+        let releaser = Arc::clone(&queue);
+        std::thread::Builder::new()
+            .name(format!("{RELAY_THREADS}-clock"))
+            .spawn(move || releaser.release())
+            .context("cannot start the relay's thread")?;
+        let counts = Arc::new(RelayCounts::default());
         let hop = Hop {
             target,
             delay,
@@ -141,9 +141,13 @@ struct Hop {
 async fn accept(listener: TcpListener, hop: Hop) {
     let mut connections = JoinSet::new();
     loop {
-        // A failed accept (too many open files) is retried; the client sees a refusal.
-        if let Ok((client, _)) = listener.accept().await {
-            connections.spawn(relay_connection(client, hop.clone()));
+        match listener.accept().await {
+            Ok((client, _)) => {
+                connections.spawn(relay_connection(client, hop.clone()));
+            }
+            // Too many open files, say: the client sees a refusal, and the loop waits a
+            // moment rather than spin while nothing has closed.
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
         while connections.try_join_next().is_some() {}
     }
