@@ -1,7 +1,7 @@
 //! CPU time per component, read from `/proc` before and after each run. Throughput on a shared
 //! machine moves with the neighbours' load; the CPU a request costs moves much less, and says
 //! where the time goes (idem's threads, PostgreSQL, Redis, a peer's process, the load
-//! generator).
+//! generator, the latency relay).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -19,6 +19,9 @@ pub(crate) enum Component {
     Postgres,
     /// The Redis server.
     Redis,
+    /// The latency relay between the servers and their database (it stands in for the
+    /// network, so it is not counted as serving).
+    Relay,
 }
 
 impl Component {
@@ -29,6 +32,7 @@ impl Component {
             Component::Load => "load",
             Component::Postgres => "postgres",
             Component::Redis => "redis",
+            Component::Relay => "relay",
         }
     }
 }
@@ -39,6 +43,8 @@ pub(crate) const SUBJECT_THREADS: &str = "idem-subject";
 pub(crate) const UPSTREAM_THREADS: &str = "idem-upstream";
 /// See [`SUBJECT_THREADS`].
 pub(crate) const LOAD_THREADS: &str = "idem-load";
+/// See [`SUBJECT_THREADS`].
+pub(crate) const RELAY_THREADS: &str = "idem-relay";
 
 /// CPU seconds used so far, by component, and the whole machine's idle and total ticks.
 #[derive(Debug, Clone, Default)]
@@ -95,6 +101,8 @@ pub(crate) fn snapshot(children: &[(u32, Component)]) -> Snapshot {
                 add(Component::Upstream, seconds);
             } else if comm.starts_with(LOAD_THREADS) {
                 add(Component::Load, seconds);
+            } else if comm.starts_with(RELAY_THREADS) {
+                add(Component::Relay, seconds);
             }
         }
     }
@@ -150,11 +158,13 @@ impl Snapshot {
     }
 }
 
-/// The CPU per request of everything but the load generator: the cost of serving.
+/// The CPU per request of everything but the load generator and the latency relay: the cost
+/// of serving.
 pub(crate) fn serving(per_request: &BTreeMap<String, f64>) -> f64 {
+    let not_serving = [Component::Load.name(), Component::Relay.name()];
     per_request
         .iter()
-        .filter(|(name, _)| name.as_str() != Component::Load.name())
+        .filter(|(name, _)| !not_serving.contains(&name.as_str()))
         .map(|(_, micros)| micros)
         .sum()
 }
@@ -177,12 +187,17 @@ mod tests {
             machine: Some((10.0, 100.0)),
         };
         let after = Snapshot {
-            components: BTreeMap::from([(Component::Subject, 1.5), (Component::Load, 0.25)]),
+            components: BTreeMap::from([
+                (Component::Subject, 1.5),
+                (Component::Load, 0.25),
+                (Component::Relay, 0.125),
+            ]),
             machine: Some((40.0, 200.0)),
         };
         let per = before.per_request(&after, 1000);
         assert!((per["subject"] - 500.0).abs() < 1e-6);
         assert!((per["load"] - 250.0).abs() < 1e-6);
+        assert!((per["relay"] - 125.0).abs() < 1e-6);
         assert!((serving(&per) - 500.0).abs() < 1e-6);
         assert_eq!(before.idle_fraction(&after), Some(0.3));
     }

@@ -26,6 +26,12 @@
 //! criterion with `cargo bench -p idem-bench`). Last, the peak resident set of `idem serve`
 //! (in a process of its own) with 256 connections open under load.
 //!
+//! `--db-latency-ms 0,0.25,1` runs the PostgreSQL and Redis groups once per latency, with a
+//! relay that holds every chunk that long each way between the servers (pgbench included)
+//! and their database, as if it were on another host; the relay also counts the round trips
+//! each request costs. `--compare OLD.json` prints each row's ratio beside the same row's in
+//! an earlier `--json` report.
+//!
 //! ```no_run
 //! use clap::Parser as _;
 //! let args = idem_bench::Args::parse_from(["idem-bench", "--quick", "--only", "micro"]);
@@ -42,12 +48,14 @@ use clap::Parser;
 use tokio::runtime::Handle;
 
 mod child;
+pub mod compare;
 mod cpu;
 mod load;
 pub mod memory;
 pub mod micro;
 mod peers;
 mod pgbench;
+mod relay;
 pub mod report;
 pub mod runner;
 mod servers;
@@ -104,6 +112,20 @@ pub struct Args {
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "PATH")]
     pub json_file: Option<PathBuf>,
+    /// Print each row's ratio beside the same row's in this earlier `--json` report, and the
+    /// change (to stderr with --json).
+    #[arg(long, value_name = "OLD.json")]
+    pub compare: Option<PathBuf>,
+    /// Run the PostgreSQL and Redis groups once per latency (milliseconds, comma-separated),
+    /// with a relay holding every chunk that long each way between the servers and their
+    /// database; 0 connects directly.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0",
+        value_name = "MS,..."
+    )]
+    pub db_latency_ms: Vec<f64>,
 }
 
 /// The validated settings.
@@ -119,6 +141,8 @@ pub(crate) struct Settings {
     pub(crate) peers_dir: Option<PathBuf>,
     pub(crate) no_peers: bool,
     pub(crate) variants: Vec<String>,
+    /// The latencies the database groups run at, in milliseconds, each once, in order.
+    pub(crate) db_latencies_ms: Vec<f64>,
 }
 
 impl Settings {
@@ -145,6 +169,16 @@ impl Settings {
                 .filter(|g| args.only.contains(g))
                 .collect()
         };
+        let mut db_latencies_ms = Vec::new();
+        for &ms in &args.db_latency_ms {
+            anyhow::ensure!(
+                ms.is_finite() && (0.0..=1000.0).contains(&ms),
+                "--db-latency-ms takes milliseconds between 0 and 1000, not {ms}"
+            );
+            if !db_latencies_ms.contains(&ms) {
+                db_latencies_ms.push(ms);
+            }
+        }
         Ok(Self {
             groups,
             quick: args.quick,
@@ -156,6 +190,7 @@ impl Settings {
             peers_dir: args.peers_dir.clone(),
             no_peers: args.no_peers,
             variants: args.variants.clone(),
+            db_latencies_ms,
         })
     }
 
@@ -167,22 +202,28 @@ impl Settings {
             duration_secs: self.duration.as_secs_f64(),
             warmup_secs: self.warmup.as_secs_f64(),
             quick: self.quick,
+            db_latency_ms: self.db_latencies_ms.clone(),
         }
     }
 }
 
-/// The runtimes: servers under test, the upstream, and the load generator each get their own
-/// threads, so none of them is scheduled behind another's tasks, and a peer server (a process
-/// of its own) is compared on equal terms.
+/// The runtimes: servers under test, the upstream, the load generator and the latency relay
+/// each get their own threads, so none of them is scheduled behind another's tasks, and a peer
+/// server (a process of its own) is compared on equal terms.
 #[derive(Debug, Clone)]
 pub(crate) struct Runtimes {
     pub(crate) subject: Handle,
     pub(crate) upstream: Handle,
     pub(crate) load: Handle,
+    pub(crate) relay: Handle,
 }
 
 fn runtime(name: &'static str) -> anyhow::Result<tokio::runtime::Runtime> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    runtime_with(name, threads)
+}
+
+fn runtime_with(name: &'static str, threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
         .thread_name(name)
@@ -195,6 +236,12 @@ fn runtime(name: &'static str) -> anyhow::Result<tokio::runtime::Runtime> {
 /// (not when a target was missed, nor when a dependency was missing and a row was skipped).
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let settings = Settings::from_args(&args)?;
+    // Read first: a typo in the path should not cost a run.
+    let earlier = args
+        .compare
+        .as_deref()
+        .map(compare::Summary::read)
+        .transpose()?;
     let report = measure(settings)?;
     if let Some(path) = &args.json_file {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
@@ -204,6 +251,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.table());
+    }
+    if let (Some(earlier), Some(path)) = (&earlier, &args.compare) {
+        let name = path.display().to_string();
+        let table = compare::table(earlier, &compare::Summary::of(&report)?, &name);
+        // stdout stays one JSON document with --json.
+        if args.json {
+            eprint!("\n{table}");
+        } else {
+            print!("\n{table}");
+        }
     }
     let failed = report
         .rows
@@ -233,6 +290,8 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
     let subject = runtime(cpu::SUBJECT_THREADS)?;
     let upstream = runtime(cpu::UPSTREAM_THREADS)?;
     let load = runtime(cpu::LOAD_THREADS)?;
+    // One thread: the relay only moves bytes (its clock has a thread of its own).
+    let relay = runtime_with(cpu::RELAY_THREADS, 1)?;
     // The orchestration (timers, child processes) runs on the main thread.
     let main = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -243,6 +302,7 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
             subject: subject.handle().clone(),
             upstream: upstream.handle().clone(),
             load: load.handle().clone(),
+            relay: relay.handle().clone(),
         },
         tag: format!("ib{}", &uuid::Uuid::new_v4().simple().to_string()[..10]),
         progress: progress.clone(),
@@ -252,15 +312,18 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
         match group {
             Group::Memory => report.memory = Some(measure_memory(&main, &env)?),
             Group::Micro => report.micro = time_micro(&env),
-            _ => report
-                .rows
-                .extend(main.block_on(runner::run_group(&env, *group))),
+            _ => {
+                for &latency_ms in group.db_latencies_ms(&env.settings) {
+                    let rows = main.block_on(runner::run_group(&env, *group, latency_ms));
+                    report.rows.extend(rows);
+                }
+            }
         }
     }
     progress.finish_and_clear();
     drop(env);
     // Servers have stopped; do not wait for anything a stuck connection still holds.
-    for rt in [subject, upstream, load] {
+    for rt in [subject, upstream, load, relay] {
         rt.shutdown_timeout(Duration::from_secs(2));
     }
     report.wall_secs = started.elapsed().as_secs_f64();

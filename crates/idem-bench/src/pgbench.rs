@@ -19,6 +19,8 @@ pub(crate) struct Pgbench {
     dir: PathBuf,
     /// Which statements.
     kind: Script,
+    /// At most this many clients (connections), whatever the load's concurrency.
+    max_clients: Option<usize>,
 }
 
 /// `pgbench --version`, or why it cannot run.
@@ -209,7 +211,14 @@ impl Pgbench {
             url: url.to_owned(),
             dir: dir.to_owned(),
             kind,
+            max_clients: None,
         })
+    }
+
+    /// Runs with at most `clients` connections, as a server with a pool of that size has.
+    pub(crate) fn with_max_clients(mut self, clients: usize) -> Self {
+        self.max_clients = Some(clients);
+        self
     }
 
     /// Runs pgbench with `plan.concurrency` clients for the warm-up and the window, and reads
@@ -219,11 +228,14 @@ impl Pgbench {
         // transaction (the first one ends a moment after pgbench starts its clock).
         let total = (plan.warmup + plan.duration).as_secs_f64().ceil() as u64 + 1;
         let prefix = self.dir.join(format!("log-{run}"));
+        let clients = self
+            .max_clients
+            .map_or(plan.concurrency, |max| max.min(plan.concurrency));
         // -M prepared: sqlx prepares its statements too. -j 2: this machine's cores.
         let out = Command::new("pgbench")
             .args(["-n", "-M", "prepared", "-j", "2", "-l"])
             .arg("-c")
-            .arg(plan.concurrency.to_string())
+            .arg(clients.to_string())
             .arg("-T")
             .arg(total.to_string())
             .arg("-f")

@@ -41,6 +41,8 @@ pub struct ReportSettings {
     pub warmup_secs: f64,
     /// Smoke mode.
     pub quick: bool,
+    /// The latencies the database groups ran at, ms each way (0: connected directly).
+    pub db_latency_ms: Vec<f64>,
 }
 
 /// The machine the figures come from.
@@ -66,13 +68,13 @@ impl Machine {
 
 /// Left or right.
 #[derive(Clone, Copy)]
-enum Align {
+pub(crate) enum Align {
     Left,
     Right,
 }
 
 /// Lays out `rows` under the headers of `columns`, two spaces apart, each aligned its way.
-fn columns(columns: &[(&str, Align)], rows: &[Vec<String>]) -> String {
+pub(crate) fn columns(columns: &[(&str, Align)], rows: &[Vec<String>]) -> String {
     let width = |s: &str| s.chars().count();
     let mut widths: Vec<usize> = columns.iter().map(|(h, _)| width(h)).collect();
     for row in rows {
@@ -96,6 +98,15 @@ fn columns(columns: &[(&str, Align)], rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// A row's title, with the database latency it ran at when there was one.
+pub(crate) fn row_label(title: &str, db_latency_ms: f64) -> String {
+    if db_latency_ms > 0.0 {
+        format!("{title} @ {db_latency_ms} ms")
+    } else {
+        title.to_owned()
+    }
 }
 
 fn num(value: Option<f64>, decimals: usize) -> String {
@@ -153,6 +164,7 @@ impl Report {
             let rows: Vec<Vec<String>> = self.rows.iter().map(table_row).collect();
             out.push_str(&columns(&ROW_COLUMNS, &rows));
         }
+        out.push_str(&self.latency_table());
         if let Some(m) = &self.memory {
             out.push('\n');
             out.push_str(&memory_line(m));
@@ -179,6 +191,72 @@ impl Report {
         )
     }
 
+    /// The rows that ran at more than one database latency, their ratios side by side, and
+    /// the round trips to the database per request the relay counted; nothing without
+    /// `--db-latency-ms`.
+    fn latency_table(&self) -> String {
+        let latencies = &self.settings.db_latency_ms;
+        if latencies.len() < 2 && latencies.iter().all(|&ms| ms == 0.0) {
+            return String::new();
+        }
+        let headers: Vec<String> = latencies.iter().map(|ms| format!("{ms} ms")).collect();
+        let mut header: Vec<(&str, Align)> = vec![("row", Align::Left)];
+        header.extend(headers.iter().map(|h| (h.as_str(), Align::Right)));
+        header.push(("round trips/request A/B", Align::Right));
+        header.push(("relay late ms A/B", Align::Right));
+        let mut ids: Vec<&str> = Vec::new();
+        for row in self.rows.iter().filter(|r| r.db_latency_ms > 0.0) {
+            if !ids.contains(&row.id) {
+                ids.push(row.id);
+            }
+        }
+        let lines: Vec<Vec<String>> = ids.iter().map(|id| self.latency_line(id)).collect();
+        if lines.is_empty() {
+            return String::new();
+        }
+        format!(
+            "\ndatabase latency added each way by the relay: B/A at each; the round trips to the \
+             database per request the relay counted (a client's write after an answer, on each \
+             connection: on a multiplexed one, such as Redis's, one carries several requests' \
+             commands); and how much later than asked the relay passed chunks on (the busy \
+             machine's scheduling), at the first latency above 0\n{}",
+            columns(&header, &lines)
+        )
+    }
+
+    /// [`Report::latency_table`]'s line for the row `id`.
+    fn latency_line(&self, id: &str) -> Vec<String> {
+        let at = |ms: f64| {
+            self.rows
+                .iter()
+                .find(|r| r.id == id && r.db_latency_ms == ms)
+        };
+        let mut line = vec![
+            self.rows
+                .iter()
+                .find(|r| r.id == id)
+                .map_or("", |r| r.title)
+                .to_owned(),
+        ];
+        for &ms in &self.settings.db_latency_ms {
+            line.push(at(ms).map_or_else(|| "-".into(), ratio_cell));
+        }
+        // The counts hardly move with the latency: the first relayed run's are shown.
+        let relayed = self
+            .rows
+            .iter()
+            .find(|r| r.id == id && r.db_latency_ms > 0.0 && r.status == Status::Ok);
+        let both = |f: fn(&crate::runner::Side) -> Option<f64>, decimals| {
+            relayed.map_or_else(
+                || "-".into(),
+                |r| pair(r.a.as_ref().and_then(f), r.b.as_ref().and_then(f), decimals),
+            )
+        };
+        line.push(both(|s| s.db_round_trips, 1));
+        line.push(both(|s| s.db_relay_late_ms, 2));
+        line
+    }
+
     /// A line per row that was skipped or failed, and why; nothing if every row ran.
     fn notes(&self) -> String {
         let notes: Vec<String> = self
@@ -190,7 +268,8 @@ impl Report {
                     Status::Skipped => "skipped",
                     _ => "failed",
                 };
-                format!("- {} {what}: {}", r.id, r.reason.as_deref().unwrap_or(""))
+                let id = row_label(r.id, r.db_latency_ms);
+                format!("- {id} {what}: {}", r.reason.as_deref().unwrap_or(""))
             })
             .collect();
         if notes.is_empty() {
@@ -201,11 +280,11 @@ impl Report {
 
     /// The rows that missed their targets, if any did.
     fn missed(&self) -> String {
-        let missed: Vec<&str> = self
+        let missed: Vec<String> = self
             .rows
             .iter()
             .filter(|r| r.met == Some(false))
-            .map(|r| r.id)
+            .map(|r| row_label(r.id, r.db_latency_ms))
             .collect();
         if missed.is_empty() {
             return String::new();
@@ -241,6 +320,15 @@ fn memory_line(m: &MemoryResult) -> String {
     }
 }
 
+/// B/A, or why a row has none.
+fn ratio_cell(r: &Row) -> String {
+    match r.status {
+        Status::Ok => r.ratio.map_or_else(|| "-".into(), |v| format!("{v:.2}×")),
+        Status::Skipped => "skipped".into(),
+        Status::Failed => "FAILED".into(),
+    }
+}
+
 fn table_row(r: &Row) -> Vec<String> {
     let side_label = |side: &Option<crate::runner::Side>| {
         side.as_ref()
@@ -254,18 +342,13 @@ fn table_row(r: &Row) -> Vec<String> {
         (Some(t), None, _) => t.describe(),
         (None, _, _) => String::new(),
     };
-    let ratio = match r.status {
-        Status::Ok => r.ratio.map_or_else(|| "-".into(), |v| format!("{v:.2}×")),
-        Status::Skipped => "skipped".into(),
-        Status::Failed => "FAILED".into(),
-    };
     vec![
-        r.title.to_owned(),
+        row_label(r.title, r.db_latency_ms),
         side_label(&r.a),
         side_label(&r.b),
         num(a.and_then(|s| s.throughput), 0),
         num(b.and_then(|s| s.throughput), 0),
-        ratio,
+        ratio_cell(r),
         target,
         pair(a.and_then(|s| s.p50_ms), a.and_then(|s| s.p99_ms), 2),
         pair(b.and_then(|s| s.p50_ms), b.and_then(|s| s.p99_ms), 2),

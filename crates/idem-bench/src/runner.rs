@@ -22,6 +22,14 @@ pub struct RunResult {
     pub cpu_us_per_request: BTreeMap<String, f64>,
     /// The share of the machine's CPU left idle over the window.
     pub machine_idle: Option<f64>,
+    /// Round trips to the database per request over the run, counted by the latency relay
+    /// (when the variant runs through one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_round_trips: Option<f64>,
+    /// How much later than its time the relay passed a chunk on, on average over the run, ms
+    /// (scheduling on a busy machine; the relay's hop is its delay plus this).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_relay_late_ms: Option<f64>,
 }
 
 /// One side of a row: a variant's medians over its rounds.
@@ -43,6 +51,12 @@ pub struct Side {
     pub cpu_us_per_request: BTreeMap<String, f64>,
     /// Median share of the machine's CPU left idle.
     pub machine_idle: Option<f64>,
+    /// Median round trips to the database per request (through the latency relay only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_round_trips: Option<f64>,
+    /// Median of how late the relay passed chunks on, ms (through the latency relay only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db_relay_late_ms: Option<f64>,
     /// Every round.
     pub rounds: Vec<RunResult>,
 }
@@ -68,6 +82,9 @@ pub struct Row {
     pub group: Group,
     /// What it measures.
     pub title: &'static str,
+    /// The latency the relay added each way between the servers and their database, ms (0:
+    /// connected directly). A row's id and this latency identify it in a report.
+    pub db_latency_ms: f64,
     /// Whether it was measured.
     pub status: Status,
     /// Why not, when it was not.
@@ -92,11 +109,12 @@ pub struct Row {
 }
 
 impl Row {
-    fn not_measured(group: Group, c: &Comparison, status: Status, reason: String) -> Self {
+    fn not_measured(run: Run, c: &Comparison, status: Status, reason: String) -> Self {
         Self {
             id: c.id,
-            group,
+            group: run.group,
             title: c.title,
+            db_latency_ms: run.db_latency_ms,
             status,
             reason: Some(reason),
             a: None,
@@ -118,12 +136,38 @@ struct Runs {
     failure: Option<String>,
 }
 
-/// How many milliseconds of load a group's plan holds (the progress bar's unit).
+/// How many milliseconds of load a group's plan holds, at every latency it runs at (the
+/// progress bar's unit).
 pub(crate) fn planned_ms(group: Group, settings: &Settings) -> u64 {
+    let latencies = group.db_latencies_ms(settings).len() as u64;
+    latencies * planned_ms_once(group, settings)
+}
+
+/// How many milliseconds of load one run of a group holds.
+fn planned_ms_once(group: Group, settings: &Settings) -> u64 {
     if group == Group::Memory {
         return run_ms(settings);
     }
     (group.variant_count() * settings.rounds) as u64 * run_ms(settings)
+}
+
+/// A group at one database latency: what [`run_group`] runs once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Run {
+    pub(crate) group: Group,
+    /// Milliseconds each way; 0 connects directly.
+    pub(crate) db_latency_ms: f64,
+}
+
+impl Run {
+    /// The group's name, with the latency if there is one.
+    fn name(self) -> String {
+        if self.db_latency_ms > 0.0 {
+            format!("{} @ {} ms", self.group.name(), self.db_latency_ms)
+        } else {
+            self.group.name().to_owned()
+        }
+    }
 }
 
 /// Milliseconds of one run.
@@ -131,18 +175,24 @@ fn run_ms(settings: &Settings) -> u64 {
     (settings.warmup + settings.duration).as_millis() as u64
 }
 
-/// Sets up `group`, runs its rounds and tears it down.
-pub(crate) async fn run_group(env: &Env, group: Group) -> Vec<Row> {
+/// Sets up `group` with `db_latency_ms` between its servers and their database, runs its
+/// rounds and tears it down.
+pub(crate) async fn run_group(env: &Env, group: Group, db_latency_ms: f64) -> Vec<Row> {
+    let run = Run {
+        group,
+        db_latency_ms,
+    };
     let comparisons = group.comparisons();
     env.progress
-        .set_message(format!("{}: starting", group.name()));
-    let prepared = match group.setup(env).await {
+        .set_message(format!("{}: starting", run.name()));
+    let prepared = match group.setup(env, db_latency_ms).await {
         Ok(prepared) => prepared,
         Err(e) => {
-            env.progress.dec_length(planned_ms(group, &env.settings));
+            env.progress
+                .dec_length(planned_ms_once(group, &env.settings));
             return comparisons
                 .iter()
-                .map(|c| Row::not_measured(group, c, Status::Skipped, format!("{e:#}")))
+                .map(|c| Row::not_measured(run, c, Status::Skipped, format!("{e:#}")))
                 .collect();
         }
     };
@@ -153,11 +203,11 @@ pub(crate) async fn run_group(env: &Env, group: Group) -> Vec<Row> {
         * env.settings.rounds;
     env.progress
         .dec_length(skipped_runs as u64 * run_ms(&env.settings));
-    let runs = run_rounds(env, group, &selection.variants).await;
+    let runs = run_rounds(env, run, &selection.variants).await;
     prepared.teardown.run().await;
     comparisons
         .iter()
-        .map(|c| selection.row(group, c, &runs))
+        .map(|c| selection.row(run, c, &runs))
         .collect()
 }
 
@@ -203,14 +253,14 @@ impl Selection {
 
     /// The row of `c`: skipped when a side could not run, failed when a side failed, else
     /// measured.
-    fn row(&self, group: Group, c: &Comparison, runs: &HashMap<&str, Runs>) -> Row {
+    fn row(&self, run: Run, c: &Comparison, runs: &HashMap<&str, Runs>) -> Row {
         if let Some(why) = self.unavailable.get(c.a).or(self.unavailable.get(c.b)) {
-            return Row::not_measured(group, c, Status::Skipped, why.clone());
+            return Row::not_measured(run, c, Status::Skipped, why.clone());
         }
         let (a, b) = (&runs[c.a], &runs[c.b]);
         if let Some(why) = a.failure.as_ref().or(b.failure.as_ref()) {
             let side = if a.failure.is_some() { c.a } else { c.b };
-            return Row::not_measured(group, c, Status::Failed, format!("{side}: {why}"));
+            return Row::not_measured(run, c, Status::Failed, format!("{side}: {why}"));
         }
         let label = |id| {
             self.variants
@@ -219,13 +269,13 @@ impl Selection {
                 .map(|v| v.label.clone())
                 .unwrap_or_default()
         };
-        row(group, c, side(c.a, label(c.a), a), side(c.b, label(c.b), b))
+        row(run, c, side(c.a, label(c.a), a), side(c.b, label(c.b), b))
     }
 }
 
 /// Runs each of `variants` once a round, in an order that rotates each round; a variant that
 /// failed is not run again.
-async fn run_rounds(env: &Env, group: Group, variants: &[Variant]) -> HashMap<&'static str, Runs> {
+async fn run_rounds(env: &Env, run: Run, variants: &[Variant]) -> HashMap<&'static str, Runs> {
     let per_run = run_ms(&env.settings);
     let mut runs: HashMap<&str, Runs> = variants.iter().map(|v| (v.id, Runs::default())).collect();
     for round in 0..env.settings.rounds {
@@ -240,7 +290,7 @@ async fn run_rounds(env: &Env, group: Group, variants: &[Variant]) -> HashMap<&'
             }
             env.progress.set_message(format!(
                 "{}: {} (round {}/{})",
-                group.name(),
+                run.name(),
                 variant.label,
                 round + 1,
                 env.settings.rounds
@@ -278,6 +328,11 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
         let after = cpu::snapshot(&variant.children);
         (before, after, from.elapsed())
     };
+    // Round trips are counted over the whole run and divided by every request it completed:
+    // pgbench's window (from its log) and the harness's clock need not line up, and pgbench
+    // connects while the window may already run.
+    let tally = || variant.relay.as_ref().map(|counts| counts.tally());
+    let relay_before = tally();
     let ticker = async {
         loop {
             tokio::time::sleep(Duration::from_millis(250)).await;
@@ -308,11 +363,22 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
     let sample = sample?;
     sample.check()?;
     let served = (sample.throughput * window.as_secs_f64()).round() as u64;
+    let relay = relay_before.zip(tally());
+    let db_round_trips = relay.map(|(before, after)| {
+        (after.round_trips - before.round_trips) as f64 / sample.total_requests.max(1) as f64
+    });
     Ok(RunResult {
         cpu_us_per_request: before.per_request(&after, served),
         machine_idle: before.idle_fraction(&after),
+        db_round_trips,
+        db_relay_late_ms: relay.and_then(|(before, after)| after.mean_late_ms(&before)),
         sample,
     })
+}
+
+/// The median of what `f` gives for the rounds that have it.
+fn median_of(rounds: &[RunResult], f: impl Fn(&RunResult) -> Option<f64>) -> Option<f64> {
+    median(&rounds.iter().filter_map(f).collect::<Vec<_>>())
 }
 
 fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
@@ -331,12 +397,9 @@ fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
         p50_ms: of(|r| r.sample.p50_ms),
         p99_ms: of(|r| r.sample.p99_ms),
         serving_cpu_us: of(|r| cpu::serving(&r.cpu_us_per_request)),
-        machine_idle: median(
-            &rounds
-                .iter()
-                .filter_map(|r| r.machine_idle)
-                .collect::<Vec<_>>(),
-        ),
+        machine_idle: median_of(&rounds, |r| r.machine_idle),
+        db_round_trips: median_of(&rounds, |r| r.db_round_trips),
+        db_relay_late_ms: median_of(&rounds, |r| r.db_relay_late_ms),
         cpu_us_per_request: components
             .into_iter()
             .filter_map(|(name, values)| Some((name, median(&values)?)))
@@ -346,7 +409,7 @@ fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
 }
 
 /// Builds a measured row; ratios pair the two sides round by round.
-fn row(group: Group, c: &Comparison, a: Side, b: Side) -> Row {
+fn row(run: Run, c: &Comparison, a: Side, b: Side) -> Row {
     let pairs: Vec<(&RunResult, &RunResult)> = a.rounds.iter().zip(b.rounds.iter()).collect();
     let ratio_rounds: Vec<f64> = pairs
         .iter()
@@ -363,8 +426,9 @@ fn row(group: Group, c: &Comparison, a: Side, b: Side) -> Row {
     let ratio = median(&ratio_rounds);
     Row {
         id: c.id,
-        group,
+        group: run.group,
         title: c.title,
+        db_latency_ms: run.db_latency_ms,
         status: Status::Ok,
         reason: None,
         ratio,

@@ -19,6 +19,7 @@ use crate::cpu::Component;
 use crate::load::{HttpTarget, Keys};
 use crate::peers;
 use crate::pgbench::{self, Pgbench, Script};
+use crate::relay::{DbUrl, Relay, RelayCounts};
 use crate::servers::{self, Server, StoreUrl, payment_post};
 use crate::{Runtimes, Settings};
 
@@ -96,6 +97,15 @@ impl Group {
         }
     }
 
+    /// The database latencies the group runs at: each of `--db-latency-ms` for the groups
+    /// whose servers talk to PostgreSQL or Redis through the relay, else only 0 (directly).
+    pub(crate) fn db_latencies_ms(self, settings: &Settings) -> &[f64] {
+        match self {
+            Group::ServePostgres | Group::GatewayRedis => &settings.db_latencies_ms,
+            _ => &[0.0],
+        }
+    }
+
     /// How many variants the group runs: those its rows compare.
     pub(crate) fn variant_count(self) -> usize {
         let mut ids: Vec<&str> = self.comparisons().iter().flat_map(|c| [c.a, c.b]).collect();
@@ -104,12 +114,12 @@ impl Group {
         ids.len()
     }
 
-    /// Starts the group's servers and returns its variants; a variant that cannot run says
-    /// why instead.
-    pub(crate) async fn setup(self, env: &Env) -> anyhow::Result<Prepared> {
+    /// Starts the group's servers (their database `db_latency_ms` away, for the groups that
+    /// take a latency) and returns its variants; a variant that cannot run says why instead.
+    pub(crate) async fn setup(self, env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepared> {
         match self {
             Group::ServeSqlite => serve_sqlite(env).await,
-            Group::ServePostgres => serve_postgres(env).await,
+            Group::ServePostgres => serve_postgres(env, db_latency_ms).await,
             Group::GatewaySqlite => {
                 let dir = tempfile::tempdir()?;
                 let url = sqlite_url(&dir.path().join("gateway.db"));
@@ -127,7 +137,7 @@ impl Group {
                 prepared.teardown.keep(db);
                 Ok(prepared)
             }
-            Group::GatewayRedis => gateway_redis(env).await,
+            Group::GatewayRedis => gateway_redis(env, db_latency_ms).await,
             Group::PeerLayer => peer_layer(env).await,
             Group::ScalePostgres => scale::scale_postgres(env).await,
             Group::ScaleRedis => scale::scale_redis(env).await,
@@ -245,6 +255,13 @@ const SERVE_POSTGRES: &[Comparison] = &[
         at_least(0.8),
     ),
     Comparison::new(
+        "floor-pgbench-pool",
+        "floor: pgbench, idem's pool size",
+        "pgbench-pool",
+        "idem",
+        None,
+    ),
+    Comparison::new(
         "floor-statements",
         "pgbench sending idem's statements",
         "pgbench-idem",
@@ -343,6 +360,8 @@ pub(crate) struct Variant {
     pub(crate) driver: Driver,
     /// Child processes whose CPU counts, and as what.
     pub(crate) children: Vec<(u32, Component)>,
+    /// The latency relay's counts, when the variant's database is behind one.
+    pub(crate) relay: Option<Arc<RelayCounts>>,
 }
 
 impl Variant {
@@ -352,6 +371,7 @@ impl Variant {
             label: label.into(),
             driver: Driver::Http(Arc::new(target)),
             children: Vec::new(),
+            relay: None,
         }
     }
 }
@@ -415,6 +435,46 @@ pub(crate) struct Prepared {
     /// What to stop afterwards.
     pub(crate) teardown: Teardown,
 }
+
+impl Prepared {
+    /// Gives every variant `relay`'s counts (only one variant is loaded at a time, so what
+    /// the relay counts over a variant's window is that variant's) and keeps the relay until
+    /// the group ends.
+    fn behind(&mut self, relay: Option<Relay>) {
+        let Some(relay) = relay else { return };
+        for (_, variant) in &mut self.variants {
+            if let Ok(variant) = variant {
+                variant.relay = Some(relay.counts());
+            }
+        }
+        self.teardown.keep(relay);
+    }
+}
+
+/// `url` as the group's servers use it: the database itself at 0 ms, else a latency relay in
+/// front of it, started on the relay's runtime, and the URL pointed at the relay.
+async fn db_route(
+    env: &Env,
+    url: &str,
+    latency_ms: f64,
+) -> anyhow::Result<(String, Option<Relay>)> {
+    if latency_ms == 0.0 {
+        return Ok((url.to_owned(), None));
+    }
+    let parsed = DbUrl::parse(url)?;
+    let server = tokio::net::lookup_host(parsed.server())
+        .await?
+        .next()
+        .with_context(|| format!("{} does not resolve", parsed.server()))?;
+    let delay = Duration::from_secs_f64(latency_ms / 1000.0);
+    let relay = Relay::start(&env.runtimes.relay, server, delay).await?;
+    Ok((parsed.through(relay.addr()), Some(relay)))
+}
+
+/// The connections in `idem serve`'s PostgreSQL pool (`PgStore::connect`). pgbench runs one
+/// connection per client, so with the database on another host, where each connection waits
+/// a round trip per statement, pgbench with this many clients is the floor on equal terms.
+const IDEM_PG_POOL: usize = 10;
 
 /// How many keys a replay workload cycles through.
 const REPLAY_KEYS: usize = 2000;
@@ -522,10 +582,10 @@ fn redact(url: &str) -> String {
     }
 }
 
-async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
+async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepared> {
     postgres_up().await?;
     let db = idem_store::testing::PgTestDatabase::create().await;
-    let url = db.url().to_owned();
+    let (url, relay) = db_route(env, db.url(), db_latency_ms).await?;
     let dir = tempfile::tempdir()?;
     let mut prepared = Prepared::default();
     let idem = servers::idem_serve(&env.runtimes.subject, &url, true).await?;
@@ -542,14 +602,18 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
     )
     .await;
     let available = pgbench::available().await;
-    let pgbench = |id, label: &str, script| match &available {
+    let pgbench = |id, label: &str, script, clients: Option<usize>| match &available {
         Ok(_) => entry(
             id,
             Pgbench::new(&url, dir.path(), script, SystemClock.now().0).map(|p| Variant {
                 id,
                 label: label.into(),
-                driver: Driver::Pgbench(p),
+                driver: Driver::Pgbench(match clients {
+                    Some(clients) => p.with_max_clients(clients),
+                    None => p,
+                }),
                 children: Vec::new(),
+                relay: None,
             }),
         ),
         Err(why) => (id, Err(why.clone())),
@@ -558,11 +622,23 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
         bare_variant(&bare),
         ready("idem", "idem serve", fresh),
         entry("replay", replay),
-        pgbench("pgbench", "pgbench, same transaction", Script::Transaction),
+        pgbench(
+            "pgbench",
+            "pgbench, same transaction",
+            Script::Transaction,
+            None,
+        ),
+        pgbench(
+            "pgbench-pool",
+            &format!("pgbench, same transaction, {IDEM_PG_POOL} clients"),
+            Script::Transaction,
+            Some(IDEM_PG_POOL),
+        ),
         pgbench(
             "pgbench-idem",
             "pgbench, idem's 6 statements",
             Script::IdemStatements,
+            None,
         ),
         ready(
             "claim-first",
@@ -572,7 +648,8 @@ async fn serve_postgres(env: &Env) -> anyhow::Result<Prepared> {
         entry("claim-first-replay", replay_claim_first),
     ];
     prepared.teardown.servers.extend([idem, claim_first, bare]);
-    // Servers stop before the database is dropped.
+    // Servers stop before the relay and the database are dropped.
+    prepared.behind(relay);
     prepared.teardown.keep(dir);
     prepared.teardown.keep(db);
     Ok(prepared)
@@ -682,9 +759,14 @@ impl PeerApp<'_> {
     }
 }
 
-/// The peer variant, unless `--no-peers`: installs `peer` (cached after the first run) and
-/// starts it; its process is stopped with the group.
-async fn peer_variant(env: &Env, teardown: &mut Teardown, peer: PeerApp<'_>) -> Entry {
+/// The peer variant on the Redis server at `redis_url`, unless `--no-peers`: installs `peer`
+/// (cached after the first run) and starts it; its process is stopped with the group.
+async fn peer_variant(
+    env: &Env,
+    teardown: &mut Teardown,
+    peer: PeerApp<'_>,
+    redis_url: &str,
+) -> Entry {
     if env.settings.no_peers {
         return ("peer", Err("--no-peers".to_owned()));
     }
@@ -697,7 +779,7 @@ async fn peer_variant(env: &Env, teardown: &mut Teardown, peer: PeerApp<'_>) -> 
     };
     env.progress
         .set_message(format!("installing {package} (cached after the first run)"));
-    let peer = match peer.start(&peers_dir(env), &env.settings.redis_url).await {
+    let peer = match peer.start(&peers_dir(env), redis_url).await {
         Ok(peer) => peer,
         Err(e) => return ("peer", Err(format!("{e:#}"))),
     };
@@ -707,9 +789,9 @@ async fn peer_variant(env: &Env, teardown: &mut Teardown, peer: PeerApp<'_>) -> 
     ("peer", Ok(variant))
 }
 
-async fn gateway_redis(env: &Env) -> anyhow::Result<Prepared> {
-    let url = env.settings.redis_url.clone();
-    redis_up(&url).await?;
+async fn gateway_redis(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepared> {
+    redis_up(&env.settings.redis_url).await?;
+    let (url, relay) = db_route(env, &env.settings.redis_url, db_latency_ms).await?;
     let prefix = format!("idem-bench:{}", env.tag);
     let Gateway {
         mut prepared,
@@ -738,8 +820,9 @@ async fn gateway_redis(env: &Env) -> anyhow::Result<Prepared> {
     let peer = PeerApp::Proxy {
         upstream: &upstream,
     };
-    let peer = peer_variant(env, &mut prepared.teardown, peer).await;
+    let peer = peer_variant(env, &mut prepared.teardown, peer, &url).await;
     prepared.variants.push(peer);
+    prepared.behind(relay);
     Ok(prepared)
 }
 
@@ -756,7 +839,7 @@ async fn peer_layer(env: &Env) -> anyhow::Result<Prepared> {
         payment_post(&idem.url("/payments")),
     );
     prepared.teardown.servers.push(idem);
-    let peer = peer_variant(env, &mut prepared.teardown, PeerApp::Express).await;
+    let peer = peer_variant(env, &mut prepared.teardown, PeerApp::Express, &url).await;
     prepared.variants = vec![peer, idem_variant];
     Ok(prepared)
 }

@@ -1,12 +1,11 @@
 //! The request fingerprint: what makes two requests with one key "the same request".
 
+use std::borrow::Cow;
 use std::fmt;
 
 use sha2::{Digest, Sha256};
 
-use crate::canonical_json::{
-    JsonError, Selection, canonical_json, canonical_json_selected, pointer_segments,
-};
+use crate::canonical_json::{Canonical, JsonError, Selection, Sink, pointer_segments};
 
 /// The parts of a request that a fingerprint covers (docs/contract.md §2).
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +50,7 @@ impl Fingerprint {
     /// # Ok::<(), idem_core::JsonError>(())
     /// ```
     pub fn compute(parts: &RequestParts<'_>) -> Result<Self, JsonError> {
-        Self::compute_with(parts, canonical_json)
+        Self::compute_with(parts, Canonical::parse)
     }
 
     /// Computes the fingerprint of a JSON body without the members at `pointers` (RFC 6901
@@ -102,22 +101,20 @@ impl Fingerprint {
         parts: &RequestParts<'_>,
         selection: Selection<'_, P>,
     ) -> Result<Self, JsonError> {
-        Self::compute_with(parts, |body| canonical_json_selected(body, selection))
+        Self::compute_with(parts, |body| Canonical::parse_selected(body, selection))
     }
 
-    /// The fingerprint with a JSON body canonicalised by `canonicalise` (a generic, so the
-    /// plain [`compute`](Self::compute) is the same code it always was).
-    fn compute_with(
-        parts: &RequestParts<'_>,
-        canonicalise: impl FnOnce(&[u8]) -> Result<Vec<u8>, JsonError>,
+    /// The fingerprint with a JSON body read by `canonicalise` (a generic, so the plain
+    /// [`compute`](Self::compute) pays nothing for selections).
+    fn compute_with<'b>(
+        parts: &RequestParts<'b>,
+        canonicalise: impl FnOnce(&'b [u8]) -> Result<Canonical<'b>, JsonError>,
     ) -> Result<Self, JsonError> {
         let content_type = normalize_content_type(parts.content_type);
-        let canonical;
-        let body = if is_json(&content_type) && !parts.body.is_empty() {
-            canonical = canonicalise(parts.body)?;
-            &canonical[..]
+        let canonical = if is_json(&content_type) && !parts.body.is_empty() {
+            Some(canonicalise(parts.body)?)
         } else {
-            parts.body
+            None
         };
         let mut hash = Sha256::new();
         // Length-prefixed fields: no two different requests can concatenate to the same bytes.
@@ -128,10 +125,22 @@ impl Fingerprint {
             parts.route.as_bytes(),
             parts.query.as_bytes(),
             content_type.as_bytes(),
-            body,
         ] {
             hash.update((field.len() as u64).to_be_bytes());
             hash.update(field);
+        }
+        match canonical {
+            // The canonical text goes into the hash as it is written; it is never built whole.
+            Some(body) => {
+                hash.update((body.len() as u64).to_be_bytes());
+                let mut sink = HashSink::new(hash);
+                body.write(&mut sink);
+                hash = sink.finish(body.len());
+            }
+            None => {
+                hash.update((parts.body.len() as u64).to_be_bytes());
+                hash.update(parts.body);
+            }
         }
         Ok(Self(hash.finalize().into()))
     }
@@ -166,15 +175,112 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
+/// How many bytes [`HashSink`] gathers before it hashes them: eight SHA-256 blocks, few
+/// enough that zeroing the buffer for each fingerprint costs next to nothing.
+const HASH_BUFFER: usize = 512;
+
+/// Feeds a hash through a buffer: canonical text comes in many small pieces (a comma, a
+/// quote, a number), and copying each into a buffer costs less than handing each to the hash.
+struct HashSink {
+    hash: Sha256,
+    buffer: [u8; HASH_BUFFER],
+    filled: usize,
+    /// Bytes hashed so far, to check the length the text was framed with.
+    hashed: usize,
+}
+
+impl HashSink {
+    fn new(hash: Sha256) -> Self {
+        Self {
+            hash,
+            buffer: [0; HASH_BUFFER],
+            filled: 0,
+            hashed: 0,
+        }
+    }
+
+    /// Hashes what the buffer holds, then `bytes`, or keeps `bytes` if they fit.
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) {
+        self.hash.update(&self.buffer[..self.filled]);
+        self.hashed += self.filled;
+        self.filled = 0;
+        if bytes.len() < HASH_BUFFER {
+            self.put(bytes);
+        } else {
+            self.hash.update(bytes);
+            self.hashed += bytes.len();
+        }
+    }
+
+    /// The hash with everything put into it, which must be `expected_len` bytes: the length
+    /// the text was framed with.
+    fn finish(mut self, expected_len: usize) -> Sha256 {
+        self.hash.update(&self.buffer[..self.filled]);
+        debug_assert_eq!(self.hashed + self.filled, expected_len);
+        self.hash
+    }
+}
+
+impl Sink for HashSink {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        match self.buffer.get_mut(self.filled..self.filled + bytes.len()) {
+            Some(room) => {
+                room.copy_from_slice(bytes);
+                self.filled += bytes.len();
+            }
+            None => self.spill(bytes),
+        }
+    }
+
+    #[inline]
+    fn put_prefix(&mut self, text: &[u8], len: usize) {
+        // Most pieces (a name, a number) are short: sixteen bytes are copied whatever their
+        // length, and the bytes past `len` are overwritten by the next piece or never hashed.
+        let room = self.buffer.get_mut(self.filled..self.filled + 16);
+        match (text.first_chunk::<16>(), room) {
+            (Some(chunk), Some(room)) if len <= 16 => {
+                room.copy_from_slice(chunk);
+                self.filled += len;
+            }
+            _ => self.put(&text[..len]),
+        }
+    }
+
+    #[inline]
+    fn put_byte(&mut self, byte: u8) {
+        match self.buffer.get_mut(self.filled) {
+            Some(room) => {
+                *room = byte;
+                self.filled += 1;
+            }
+            None => self.spill(&[byte]),
+        }
+    }
+}
+
 /// Media types are case-insensitive and parameters are separated by optional whitespace; the
-/// fingerprint should not change with either.
-fn normalize_content_type(value: &str) -> String {
-    value
-        .split(';')
-        .map(|part| part.trim().to_ascii_lowercase())
-        .filter(|part| !part.is_empty())
-        .collect::<Vec<_>>()
-        .join(";")
+/// fingerprint should not change with either. Most requests send the normal form already
+/// (`application/json`), which is then borrowed rather than rebuilt.
+fn normalize_content_type(value: &str) -> Cow<'_, str> {
+    let already_normal = value
+        .bytes()
+        .all(|b| b.is_ascii() && !b.is_ascii_uppercase() && !(b as char).is_whitespace())
+        && !value.starts_with(';')
+        && !value.ends_with(';')
+        && !value.contains(";;");
+    if already_normal {
+        return Cow::Borrowed(value);
+    }
+    Cow::Owned(
+        value
+            .split(';')
+            .map(|part| part.trim().to_ascii_lowercase())
+            .filter(|part| !part.is_empty())
+            .collect::<Vec<_>>()
+            .join(";"),
+    )
 }
 
 fn is_json(content_type: &str) -> bool {
@@ -206,6 +312,20 @@ mod tests {
 
     fn fp(p: &RequestParts<'_>) -> Fingerprint {
         Fingerprint::compute(p).unwrap()
+    }
+
+    proptest! {
+        /// The borrowed fast path of `normalize_content_type` gives what the slow one does.
+        #[test]
+        fn content_types_normalise_alike(value in "[a-zA-Z/+;= \t\u{b}\u{a0}é-]{0,16}") {
+            let slow = value
+                .split(';')
+                .map(|part| part.trim().to_ascii_lowercase())
+                .filter(|part| !part.is_empty())
+                .collect::<Vec<_>>()
+                .join(";");
+            prop_assert_eq!(normalize_content_type(&value), slow);
+        }
     }
 
     #[test]
@@ -405,7 +525,93 @@ mod tests {
         Ok(())
     }
 
+    /// The fingerprint as it was computed before the canonical text was hashed as it is
+    /// written: the reference canonical form, built whole, then hashed like any other field.
+    fn reference_fingerprint(
+        parts: &RequestParts<'_>,
+        selection: Option<Selection<'_, &str>>,
+    ) -> Result<Fingerprint, JsonError> {
+        use crate::canonical_json_reference as reference;
+        let content_type = normalize_content_type(parts.content_type);
+        let canonical;
+        let body = if is_json(&content_type) && !parts.body.is_empty() {
+            canonical = match selection {
+                None => reference::canonical_json(parts.body)?,
+                Some(selection) => reference::canonical_json_selected(parts.body, selection)?,
+            };
+            &canonical[..]
+        } else {
+            parts.body
+        };
+        let mut hash = Sha256::new();
+        for field in [
+            b"idem-fingerprint-v1".as_slice(),
+            parts.account.as_bytes(),
+            parts.method.as_bytes(),
+            parts.route.as_bytes(),
+            parts.query.as_bytes(),
+            content_type.as_bytes(),
+            body,
+        ] {
+            hash.update((field.len() as u64).to_be_bytes());
+            hash.update(field);
+        }
+        Ok(Fingerprint(hash.finalize().into()))
+    }
+
+    /// Every way to compute a fingerprint of `body` agrees with [`reference_fingerprint`].
+    fn same_as_the_reference(body: &[u8], pointers: &[&str]) -> Result<(), TestCaseError> {
+        let parts = parts(body);
+        prop_assert_eq!(
+            Fingerprint::compute(&parts),
+            reference_fingerprint(&parts, None)
+        );
+        prop_assert_eq!(
+            Fingerprint::compute_ignoring(&parts, pointers),
+            reference_fingerprint(&parts, Some(Selection::Ignore(pointers)))
+        );
+        prop_assert_eq!(
+            Fingerprint::compute_only(&parts, pointers),
+            reference_fingerprint(&parts, Some(Selection::Only(pointers)))
+        );
+        Ok(())
+    }
+
+    /// Bodies longer than the hash's buffer, with pieces (a long string) longer than it too,
+    /// and a selection that leaves most of the body out.
+    #[test]
+    fn long_bodies_hash_as_before() {
+        let long = "x\\u00e9".repeat(HASH_BUFFER);
+        for items in [0, 1, 40, 400, 4000] {
+            let mut body = String::from("{\"items\": [");
+            for i in 0..items {
+                if i > 0 {
+                    body.push_str(", ");
+                }
+                body.push_str(&format!(
+                    r#"{{"sku": "SKU-{i:05}", "qty": {i}, "price": 12.50, "note": "line\n{i}"}}"#
+                ));
+            }
+            let plain = "y".repeat(HASH_BUFFER - 3);
+            body.push_str(&format!(
+                "], \"long\": \"{long}\", \"plain\": \"{plain}\"}}"
+            ));
+            assert!(Fingerprint::compute(&parts(body.as_bytes())).is_ok());
+            same_as_the_reference(body.as_bytes(), &["/items/1", "/long"]).unwrap();
+            same_as_the_reference(body.as_bytes(), &["/items/0/qty"]).unwrap();
+        }
+    }
+
     proptest! {
+        #[test]
+        fn hashing_as_it_is_written_changes_nothing(
+            text in crate::canonical_json_reference::texts::json(),
+            pointers in crate::canonical_json_reference::texts::pointers(),
+        ) {
+            let pointers: Vec<&str> = pointers.iter().map(String::as_str).collect();
+            same_as_the_reference(text.as_bytes(), &pointers)?;
+        }
+
         #[test]
         fn reordering_and_whitespace_never_change_it(value in json_value(), seed in any::<u64>()) {
             let plain = value.to_string();

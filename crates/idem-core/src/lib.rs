@@ -39,6 +39,8 @@
 //! ```
 
 mod canonical_json;
+#[cfg(test)]
+mod canonical_json_reference;
 mod error_chain;
 mod fingerprint;
 mod key;
