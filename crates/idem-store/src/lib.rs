@@ -164,6 +164,16 @@ pub trait Store: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// Deletes at most `batch` records past their retention (and not held by a live lease) in
     /// one statement; returns how many. Safe to run from every instance at once.
     fn sweep(&self, now: Timestamp, batch: u32) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Whether a [`claim`](Self::claim) that finds the key taken costs no more than a
+    /// [`get`](Self::get): one round trip that answers with the record, as Redis's claim
+    /// script does. A layer then claims at once instead of reading first to answer replays,
+    /// since the read would only add a round trip to every first request. `false` (the
+    /// default) where a lost claim costs more than a read: on SQLite it queues for the one
+    /// writer, on PostgreSQL it is a write and then a read.
+    fn claim_answers_like_a_read(&self) -> bool {
+        false
+    }
 }
 
 /// A store whose key row can share a transaction with the handler's business writes.

@@ -99,12 +99,15 @@ impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
 
 impl<M: Mode> IdempotencyLayer<M> {
     pub(crate) fn with_mode(mode: M) -> Self {
+        // Where a lost claim answers as cheaply as a read, reading first only adds a round
+        // trip to every first request.
+        let replay_read = !mode.store().claim_answers_like_a_read();
         Self {
             mode,
             policy: Arc::new(Policy::default()),
             clock: Arc::new(SystemClock),
             account: Arc::new(account_from_extensions),
-            replay_read: true,
+            replay_read,
             policy_link: None,
             errors: ErrorDialect::Problem,
             key_source: Arc::default(),
@@ -213,7 +216,8 @@ impl<M: Mode> IdempotencyLayer<M> {
     /// costs one statement less (on PostgreSQL five instead of six: the claim comes first),
     /// and a replay costs what a lost claim does (in transaction mode BEGIN, the claim, a
     /// read, ROLLBACK) instead of one read. The answers are the same either way: every
-    /// decision is also taken after the claim. For APIs whose retries are rare.
+    /// decision is also taken after the claim. For APIs whose retries are rare. Stores whose
+    /// claim answers like a read (Redis) skip it from the start.
     pub fn without_replay_read(mut self) -> Self {
         self.replay_read = false;
         self
