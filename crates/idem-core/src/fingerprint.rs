@@ -116,19 +116,7 @@ impl Fingerprint {
         } else {
             None
         };
-        let mut hash = Sha256::new();
-        // Length-prefixed fields: no two different requests can concatenate to the same bytes.
-        for field in [
-            b"idem-fingerprint-v1".as_slice(),
-            parts.account.as_bytes(),
-            parts.method.as_bytes(),
-            parts.route.as_bytes(),
-            parts.query.as_bytes(),
-            content_type.as_bytes(),
-        ] {
-            hash.update((field.len() as u64).to_be_bytes());
-            hash.update(field);
-        }
+        let mut hash = hash_head(parts, &content_type);
         match canonical {
             // The canonical text goes into the hash as it is written; it is never built whole.
             Some(body) => {
@@ -258,6 +246,24 @@ impl Sink for HashSink {
             None => self.spill(&[byte]),
         }
     }
+}
+
+/// The hash of every part of a request but its body, each field length-prefixed so no two
+/// different requests can concatenate to the same bytes. The body follows the same way.
+fn hash_head(parts: &RequestParts<'_>, content_type: &str) -> Sha256 {
+    let mut hash = Sha256::new();
+    for field in [
+        b"idem-fingerprint-v1".as_slice(),
+        parts.account.as_bytes(),
+        parts.method.as_bytes(),
+        parts.route.as_bytes(),
+        parts.query.as_bytes(),
+        content_type.as_bytes(),
+    ] {
+        hash.update((field.len() as u64).to_be_bytes());
+        hash.update(field);
+    }
+    hash
 }
 
 /// Media types are case-insensitive and parameters are separated by optional whitespace; the
@@ -543,19 +549,9 @@ mod tests {
         } else {
             parts.body
         };
-        let mut hash = Sha256::new();
-        for field in [
-            b"idem-fingerprint-v1".as_slice(),
-            parts.account.as_bytes(),
-            parts.method.as_bytes(),
-            parts.route.as_bytes(),
-            parts.query.as_bytes(),
-            content_type.as_bytes(),
-            body,
-        ] {
-            hash.update((field.len() as u64).to_be_bytes());
-            hash.update(field);
-        }
+        let mut hash = super::hash_head(parts, &content_type);
+        hash.update((body.len() as u64).to_be_bytes());
+        hash.update(body);
         Ok(Fingerprint(hash.finalize().into()))
     }
 
