@@ -142,16 +142,19 @@ mod pg {
                     Err(sqlx::Error::PoolClosed) => return false,
                     // A lost connection is re-established by the next `recv`; this error
                     // means that failed, so pause before the next try.
-                    Err(e) => {
-                        store.notice(&e);
-                        tracing::warn!(error = %e, "cannot listen for outcome wake-ups; retrying");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
-                    }
+                    Err(e) => back_off(store, &e, &mut pause).await,
                 },
                 () = moved(moves) => return true,
             }
         }
+    }
+
+    /// Reports a failure to listen, then waits `pause`, twice as long as the last time.
+    async fn back_off(store: &PgStore, error: &sqlx::Error, pause: &mut Duration) {
+        store.notice(error);
+        tracing::warn!(%error, "cannot listen for outcome wake-ups; retrying");
+        tokio::time::sleep(*pause).await;
+        *pause = (*pause * 2).min(MAX_RECONNECT_PAUSE);
     }
 
     /// Completes when the pool moves to another host; never, for a URL with one host.
@@ -172,12 +175,7 @@ mod pg {
             match listen(store).await {
                 Ok(listener) => return Some(listener),
                 Err(sqlx::Error::PoolClosed) => return None,
-                Err(e) => {
-                    store.notice(&e);
-                    tracing::warn!(error = %e, "cannot listen for outcome wake-ups; retrying");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_RECONNECT_PAUSE);
-                }
+                Err(e) => back_off(store, &e, &mut pause).await,
             }
         }
     }

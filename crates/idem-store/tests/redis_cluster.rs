@@ -317,16 +317,21 @@ fn bucket_of(store: &RedisStore, key: &Scope) -> usize {
     tag.parse().expect("a bucket number")
 }
 
+/// A claim of `key` for an empty JSON body, with fencing token `token`.
+fn probe_claim(key: Scope, token: i64) -> NewClaim {
+    NewClaim::new(
+        key,
+        fingerprint("{}"),
+        FencingToken(token),
+        now(),
+        &Policy::default(),
+    )
+}
+
 /// A claim and its outcome on `key`: `Ok(false)` when the store was unavailable, and the
 /// error when the store was unavailable because replicas did not confirm the claim.
 async fn try_claim(store: &RedisStore, key: Scope) -> Result<bool, Option<String>> {
-    let claim = NewClaim::new(
-        key.clone(),
-        fingerprint("{}"),
-        FencingToken(1),
-        now(),
-        &Policy::default(),
-    );
+    let claim = probe_claim(key.clone(), 1);
     let answer = match store.claim(&claim).await {
         Ok(outcome) => {
             assert_eq!(outcome, ClaimOutcome::Claimed, "a fresh probe key was held");
@@ -484,13 +489,7 @@ async fn losses_after_failover(store: &RedisStore, report: &FailoverReport) -> L
     for key in &report.held {
         match store.get(key).await.expect("read after the failover") {
             Some(record) if matches!(record.state, RecordState::InProgress { .. }) => {
-                let again = NewClaim::new(
-                    key.clone(),
-                    fingerprint("{}"),
-                    FencingToken(2),
-                    now(),
-                    &Policy::default(),
-                );
+                let again = probe_claim(key.clone(), 2);
                 let outcome = store.claim(&again).await.expect("claim after the failover");
                 if outcome == ClaimOutcome::Claimed {
                     losses.claimed_again += 1;

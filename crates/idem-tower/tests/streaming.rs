@@ -191,6 +191,12 @@ impl<St: Store> App<St> {
             .await
     }
 
+    /// [`App::send`] for a body of `len` bytes that fails after `fail_at`, within [`DEADLINE`].
+    async fn send_failing(&self, len: usize, fail_at: usize) -> Answer {
+        let script = format!(r#"{{"len": {len}, "fail_at": {fail_at}}}"#);
+        self.within(self.send(&script)).await
+    }
+
     async fn within<T>(&self, work: impl Future<Output = T>) -> T {
         tokio::time::timeout(DEADLINE, work)
             .await
@@ -250,14 +256,13 @@ impl<St: Store> App<St> {
     /// A body that fails past the cap, after the head was stored: the client's body is cut
     /// short, and the record stays as stored.
     async fn fails_past_the_cap(&self) {
-        let script = format!(r#"{{"len": {LARGE}, "fail_at": {}}}"#, 2 * CAP);
-        let first = self.within(self.send(&script)).await;
+        let first = self.send_failing(LARGE, 2 * CAP).await;
         assert_eq!(first.status, 201);
         assert!(first.cut.is_some(), "the client sees the body cut off");
         assert!(first.body.len() < LARGE);
         assert!(first.body == expected(first.body.len()));
         assert!(self.stored().await.body_omitted);
-        let replay = self.within(self.send(&script)).await;
+        let replay = self.send_failing(LARGE, 2 * CAP).await;
         assert_eq!(replay.header("idempotent-replay"), Some("omitted"));
         assert!(replay.body.is_empty());
         assert_eq!(self.calls(), 1);
@@ -338,8 +343,7 @@ async fn transaction_mode_rolls_back_when_the_body_fails_within_the_cap<St: Tran
     store: St,
 ) {
     let app = transaction(store).await;
-    let script = format!(r#"{{"len": {CAP}, "fail_at": {CHUNK}}}"#);
-    let failed = app.within(app.send(&script)).await;
+    let failed = app.send_failing(CAP, CHUNK).await;
     assert_eq!(failed.status, 503);
     assert!(app.record().await.is_none(), "nothing committed");
     assert_eq!(app.send_len(CAP).await.status, 201);
@@ -351,8 +355,7 @@ async fn lease_mode_leaves_the_outcome_unknown_when_the_body_fails_within_the_ca
     store: St,
 ) {
     let app = lease(store).await;
-    let script = format!(r#"{{"len": {CAP}, "fail_at": {CHUNK}}}"#);
-    let failed = app.within(app.send(&script)).await;
+    let failed = app.send_failing(CAP, CHUNK).await;
     assert_eq!(failed.status, 409);
     assert!(matches!(
         app.record().await.map(|r| r.state),
