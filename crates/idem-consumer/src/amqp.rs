@@ -40,7 +40,7 @@ use lapin::{
 };
 
 use crate::names::{check_plain_name, check_topic};
-use crate::received::{Received, Source, event_id, fmt_fields};
+use crate::received::{Received, Source, constructors_by_source, event_id, fmt_fields};
 use crate::{BrokerError, Delivery, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "amqp";
@@ -346,23 +346,13 @@ impl std::fmt::Debug for AmqpSubscription {
 }
 
 impl AmqpSubscription {
-    /// Declares (if missing) and consumes `group`'s queue for `topic`.
-    pub async fn connect(
-        config: AmqpConfig,
-        group: &str,
-        topic: &str,
-    ) -> Result<Self, BrokerError> {
-        Self::open(config, group, topic, Source::Events).await
-    }
-
-    /// Consumes the dead letters `group` left on `topic`. The messages carry their original id
-    /// and topic. A dead letter dead-lettered again goes back to the end of the same queue.
-    pub async fn dead_letters(
-        config: AmqpConfig,
-        group: &str,
-        topic: &str,
-    ) -> Result<Self, BrokerError> {
-        Self::open(config, group, topic, Source::DeadLetters).await
+    constructors_by_source! {
+        AmqpConfig;
+        /// Declares (if missing) and consumes `group`'s queue for `topic`.
+        connect: Events;
+        /// Consumes the dead letters `group` left on `topic`. The messages carry their original id
+        /// and topic. A dead letter dead-lettered again goes back to the end of the same queue.
+        dead_letters: DeadLetters;
     }
 
     /// Declares (if missing) `group`'s queues for `topic` and consumes the one `source` names.

@@ -276,7 +276,7 @@ impl AnySubscription {
             }
             #[cfg(feature = "kafka")]
             BrokerKind::Kafka => {
-                Self::Kafka(KafkaSubscription::open(&settings.kafka(), group, topic, source).await?)
+                Self::Kafka(KafkaSubscription::open(settings.kafka(), group, topic, source).await?)
             }
             #[allow(unreachable_patterns)]
             kind => return Err(not_compiled(kind)),

@@ -43,7 +43,7 @@ use rdkafka::{
 };
 
 use crate::names::{check_plain_name, check_topic};
-use crate::received::{Received, Source, event_id, fmt_fields};
+use crate::received::{Received, Source, constructors_by_source, event_id, fmt_fields};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "kafka";
@@ -310,31 +310,21 @@ impl std::fmt::Debug for KafkaSubscription {
 }
 
 impl KafkaSubscription {
-    /// Joins `group` on `topic` (creating the topic and its dead-letter topic if missing),
-    /// starting from the group's committed offsets, or from the beginning for a new group.
-    pub async fn connect(
-        config: KafkaConfig,
-        group: &str,
-        topic: &str,
-    ) -> Result<Self, BrokerError> {
-        Self::open(&config, group, topic, Source::Events).await
-    }
-
-    /// Reads the dead letters `group` left on `topic`, as the group `{namespace}.{group}.dead`.
-    /// The messages carry their original id and topic; a dead letter dead-lettered again is
-    /// appended to the same dead-letter topic.
-    pub async fn dead_letters(
-        config: KafkaConfig,
-        group: &str,
-        topic: &str,
-    ) -> Result<Self, BrokerError> {
-        Self::open(&config, group, topic, Source::DeadLetters).await
+    constructors_by_source! {
+        KafkaConfig;
+        /// Joins `group` on `topic` (creating the topic and its dead-letter topic if missing),
+        /// starting from the group's committed offsets, or from the beginning for a new group.
+        connect: Events;
+        /// Reads the dead letters `group` left on `topic`, as the group `{namespace}.{group}.dead`.
+        /// The messages carry their original id and topic; a dead letter dead-lettered again is
+        /// appended to the same dead-letter topic.
+        dead_letters: DeadLetters;
     }
 
     /// Joins `group`'s member of what `source` names on `topic`, creating the topic and its
     /// dead-letter topic if they are missing.
     pub(crate) async fn open(
-        config: &KafkaConfig,
+        config: KafkaConfig,
         group: &str,
         topic: &str,
         source: Source,
@@ -351,7 +341,7 @@ impl KafkaSubscription {
             ),
         };
         check_plain_name(BROKER, "consumer group", group)?;
-        create_topics(config, &[kafka_topic.clone(), dead_topic.clone()]).await?;
+        create_topics(&config, &[kafka_topic.clone(), dead_topic.clone()]).await?;
         let heartbeat = (config.session_timeout / 3).max(Duration::from_millis(100));
         let consumer: StreamConsumer = ClientConfig::new()
             .set("bootstrap.servers", &config.bootstrap_servers)

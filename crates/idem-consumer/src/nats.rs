@@ -41,7 +41,7 @@ use async_nats::jetstream::{
 use futures_util::StreamExt;
 
 use crate::names::{check_plain_name, check_topic, invalid};
-use crate::received::{Received, Source, event_id, fmt_fields};
+use crate::received::{Received, Source, constructors_by_source, event_id, fmt_fields};
 use crate::{BrokerError, Delivery, EventId, Message, Published, Publisher, Subscription};
 
 const BROKER: &str = "nats";
@@ -251,25 +251,15 @@ impl std::fmt::Debug for NatsSubscription {
 }
 
 impl NatsSubscription {
-    /// Joins the durable consumer `group` on `topic`, creating the stream and the consumer if
-    /// they are missing. Several subscriptions of one group share the messages.
-    pub async fn connect(
-        config: NatsConfig,
-        group: &str,
-        topic: &str,
-    ) -> Result<Self, BrokerError> {
-        Self::open(config, group, topic, Source::Events).await
-    }
-
-    /// Reads the dead letters `group` left on `topic` (through a durable consumer of its own,
-    /// `{group}_dead`). The messages carry their original id and topic; a dead letter that
-    /// cannot be handled here either is dead-lettered to `{namespace}.dead.dead.{topic}`.
-    pub async fn dead_letters(
-        config: NatsConfig,
-        group: &str,
-        topic: &str,
-    ) -> Result<Self, BrokerError> {
-        Self::open(config, group, topic, Source::DeadLetters).await
+    constructors_by_source! {
+        NatsConfig;
+        /// Joins the durable consumer `group` on `topic`, creating the stream and the consumer if
+        /// they are missing. Several subscriptions of one group share the messages.
+        connect: Events;
+        /// Reads the dead letters `group` left on `topic` (through a durable consumer of its own,
+        /// `{group}_dead`). The messages carry their original id and topic; a dead letter that
+        /// cannot be handled here either is dead-lettered to `{namespace}.dead.dead.{topic}`.
+        dead_letters: DeadLetters;
     }
 
     /// Joins `group`'s durable consumer of what `source` names on `topic`, creating the

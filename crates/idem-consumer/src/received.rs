@@ -105,6 +105,25 @@ macro_rules! delivery_message_and_attempt {
 }
 pub(crate) use delivery_message_and_attempt;
 
+/// Writes, inside an adapter subscription's `impl`, public constructors that each open the
+/// subscription through the adapter's own `open` with one [`Source`], written as
+/// `/// docs name: Source;` (`connect: Events`, `dead_letters: DeadLetters`).
+macro_rules! constructors_by_source {
+    ($config:ty; $($(#[$doc:meta])* $name:ident: $source:ident;)+) => {
+        $(
+            $(#[$doc])*
+            pub async fn $name(
+                config: $config,
+                group: &str,
+                topic: &str,
+            ) -> Result<Self, crate::BrokerError> {
+                Self::open(config, group, topic, crate::received::Source::$source).await
+            }
+        )+
+    };
+}
+pub(crate) use constructors_by_source;
+
 /// The event id a broker's message carries (`raw`, read from `carrier`, e.g. the
 /// `Nats-Msg-Id` header), or the reason it has none usable: such a message can never be
 /// deduped, so the adapters dead-letter it with that reason instead of delivering it.
