@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use self::primary::Primary;
 use self::url::PgUrl;
 
-use crate::sql::{RecordColumns, ResponseColumns, bind_claim, bind_filter, bind_scope, row_scope};
+use crate::sql::{self, bind_claim, bind_filter, bind_scope, row_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
     TxClaim, is_unavailable,
@@ -95,19 +95,8 @@ INSERT INTO idempotency_keys AS k
         to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
         $7",
             $after,
-            "
-ON CONFLICT (account_id, idem_key) DO UPDATE SET
-    request_hash = excluded.request_hash,
-    status = 'in_progress',
-    response_code = NULL,
-    response_headers = NULL,
-    response_body = NULL,
-    body_omitted = false,
-    created_at = excluded.created_at,
-    expires_at = excluded.expires_at,
-    lease_until = excluded.lease_until,
-    fencing_token = excluded.fencing_token
-WHERE (k.expires_at <= excluded.created_at
+            crate::sql::claim_replaces_with!(),
+            "WHERE (k.expires_at <= excluded.created_at
        AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
    OR ($8 AND k.status = 'in_progress'
        AND k.lease_until <= excluded.created_at
@@ -389,14 +378,9 @@ async fn complete_on<'e>(
 }
 
 fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record> {
-    RecordColumns::read(row)?.into_record(scope, || {
-        Ok(ResponseColumns {
-            // `int` in PostgreSQL.
-            code: row.try_get::<i32, _>("response_code")?.into(),
-            headers: row.try_get("response_headers")?,
-            body: row.try_get("response_body")?,
-            body_omitted: row.try_get("body_omitted")?,
-        })
+    // `int` in PostgreSQL.
+    sql::record_from_row(scope, row, |row| {
+        Ok(row.try_get::<i32, _>("response_code")?.into())
     })
 }
 

@@ -14,6 +14,28 @@ use sqlx::{ColumnIndex, Decode, Encode, Row, Type};
 
 use crate::{Error, NewClaim, RecordFilter, Result};
 
+/// The head of both backends' claim `ON CONFLICT` clause: a claim that replaces a record
+/// starts it afresh, as an in-progress record of the new request. Each backend adds its own
+/// `WHERE` (which records a claim may replace). (A macro, so that `concat!` can join it.)
+macro_rules! claim_replaces_with {
+    () => {
+        "
+ON CONFLICT (account_id, idem_key) DO UPDATE SET
+    request_hash = excluded.request_hash,
+    status = 'in_progress',
+    response_code = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    body_omitted = false,
+    created_at = excluded.created_at,
+    expires_at = excluded.expires_at,
+    lease_until = excluded.lease_until,
+    fencing_token = excluded.fencing_token
+"
+    };
+}
+pub(crate) use claim_replaces_with;
+
 /// A query on `DB`, as `sqlx::query` makes it.
 type DbQuery<'q, DB> = Query<'q, DB, <DB as sqlx::Database>::Arguments>;
 
@@ -48,22 +70,22 @@ where
 
 /// The columns of a record's row that are never NULL, as a backend decoded them.
 #[derive(Debug)]
-pub(crate) struct RecordColumns {
-    pub(crate) request_hash: Vec<u8>,
-    pub(crate) status: String,
-    pub(crate) created_at: i64,
-    pub(crate) expires_at: i64,
-    pub(crate) lease_until: i64,
-    pub(crate) fencing_token: i64,
+struct RecordColumns {
+    request_hash: Vec<u8>,
+    status: String,
+    created_at: i64,
+    expires_at: i64,
+    lease_until: i64,
+    fencing_token: i64,
 }
 
 /// The response columns of a completed record's row.
 #[derive(Debug)]
-pub(crate) struct ResponseColumns {
-    pub(crate) code: i64,
-    pub(crate) headers: String,
-    pub(crate) body: Vec<u8>,
-    pub(crate) body_omitted: bool,
+struct ResponseColumns {
+    code: i64,
+    headers: String,
+    body: Vec<u8>,
+    body_omitted: bool,
 }
 
 /// Binds a listing's filter in the order both backends' `list` statements number it: the
@@ -84,7 +106,7 @@ where
 
 impl RecordColumns {
     /// Reads the columns from a row of `idempotency_keys` (times as Unix milliseconds).
-    pub(crate) fn read<R: Row>(row: &R) -> Result<Self>
+    fn read<R: Row>(row: &R) -> Result<Self>
     where
         for<'r> &'r str: ColumnIndex<R>,
         for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
@@ -103,7 +125,7 @@ impl RecordColumns {
 
     /// The record `scope` names. `response` decodes the response columns, and is called only
     /// for a completed record: they are NULL while it is in progress.
-    pub(crate) fn into_record(
+    fn into_record(
         self,
         scope: &Scope,
         response: impl FnOnce() -> Result<ResponseColumns>,
@@ -137,6 +159,30 @@ impl RecordColumns {
             expires_at: Timestamp(self.expires_at),
         })
     }
+}
+
+/// The record `scope` names, from its row; `code` reads the response code, which each backend
+/// stores at its own width.
+pub(crate) fn record_from_row<R: Row>(
+    scope: &Scope,
+    row: &R,
+    code: impl FnOnce(&R) -> std::result::Result<i64, sqlx::Error>,
+) -> Result<Record>
+where
+    for<'r> &'r str: ColumnIndex<R>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+{
+    RecordColumns::read(row)?.into_record(scope, || {
+        Ok(ResponseColumns {
+            code: code(row)?,
+            headers: row.try_get("response_headers")?,
+            body: row.try_get("response_body")?,
+            body_omitted: row.try_get("body_omitted")?,
+        })
+    })
 }
 
 /// The scope of a row listed without one (its `account_id` and `idem_key` columns).

@@ -19,7 +19,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, SqliteConnection};
 
-use crate::sql::{RecordColumns, ResponseColumns, bind_claim, bind_filter, bind_scope, row_scope};
+use crate::sql::{self, bind_claim, bind_filter, bind_scope, row_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
     TxClaim,
@@ -47,27 +47,19 @@ pub struct SqliteStore {
 // One statement, so two claims can never both win. (A macro, so that `concat!` can prefix it.)
 macro_rules! claim_sql {
     () => {
-        "
+        concat!(
+            "
 INSERT INTO idempotency_keys
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-VALUES (?1, ?2, ?3, 'in_progress', ?4, ?5, ?6, ?7)
-ON CONFLICT (account_id, idem_key) DO UPDATE SET
-    request_hash = excluded.request_hash,
-    status = 'in_progress',
-    response_code = NULL,
-    response_headers = NULL,
-    response_body = NULL,
-    body_omitted = 0,
-    created_at = excluded.created_at,
-    expires_at = excluded.expires_at,
-    lease_until = excluded.lease_until,
-    fencing_token = excluded.fencing_token
-WHERE (idempotency_keys.expires_at <= ?4
+VALUES (?1, ?2, ?3, 'in_progress', ?4, ?5, ?6, ?7)",
+            crate::sql::claim_replaces_with!(),
+            "WHERE (idempotency_keys.expires_at <= ?4
        AND NOT (idempotency_keys.status = 'in_progress' AND idempotency_keys.lease_until > ?4))
    OR (?8 AND idempotency_keys.status = 'in_progress'
        AND idempotency_keys.lease_until <= ?4
        AND idempotency_keys.request_hash = ?3)
 RETURNING fencing_token"
+        )
     };
 }
 const CLAIM: &str = claim_sql!();
@@ -226,14 +218,7 @@ fn lost_to_nothing(scope: &Scope) -> Error {
 }
 
 fn record_from_row(scope: &Scope, row: &SqliteRow) -> Result<Record> {
-    RecordColumns::read(row)?.into_record(scope, || {
-        Ok(ResponseColumns {
-            code: row.try_get("response_code")?,
-            headers: row.try_get("response_headers")?,
-            body: row.try_get("response_body")?,
-            body_omitted: row.try_get("body_omitted")?,
-        })
-    })
+    sql::record_from_row(scope, row, |row| row.try_get("response_code"))
 }
 
 /// Runs `sql` ([`COMPLETE`], maybe with a suffix); whether the in-progress record held by
