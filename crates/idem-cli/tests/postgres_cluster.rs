@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use payments::{
     Load, STRIDE, Seen, Workers, assert_one_payment_per_key, assert_only_payments_and_refusals,
-    lock_waiters, logs, tally,
+    every_worker_sent_since, lock_waiters, logs, tally,
 };
 use processes::{Cluster, PgDatabase, Serve};
 use rand::seq::SliceRandom;
@@ -319,14 +319,7 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
         .until(
             "every worker answered while the database was down",
             deadline,
-            |s| {
-                s.iter()
-                    .filter(|s| s.sent >= down_at && s.key / STRIDE < WORKERS)
-                    .map(|s| s.key / STRIDE)
-                    .collect::<HashSet<_>>()
-                    .len()
-                    == WORKERS
-            },
+            |s| every_worker_sent_since(s, down_at, WORKERS),
         )
         .await;
     let restarting_at = Instant::now();

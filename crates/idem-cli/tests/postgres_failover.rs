@@ -11,17 +11,16 @@ mod payments;
 #[path = "common/processes.rs"]
 mod processes;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use payments::{
-    Load, STRIDE, Seen, Workers, assert_one_payment_per_key, assert_only_payments_and_refusals,
-    logs, tally,
+    Load, Seen, Workers, assert_one_payment_per_key, assert_only_payments_and_refusals,
+    every_worker_sent_since, logs, tally, until_sessions,
 };
 use processes::{Cluster, Serve};
-use sqlx::{Connection, PgConnection};
 use tokio::task::block_in_place;
 use tokio::time::Instant;
 
@@ -44,29 +43,19 @@ fn until_synchronous(primary: &Cluster, deadline: Instant) {
 }
 
 /// Waits until `n` sessions on `database` listen for outcome wake-ups (`LISTEN`), as each
-/// `idem serve` instance's listener does once it follows its pool to the new primary. Asked
-/// of PostgreSQL's view of its sessions, with a deadline.
+/// `idem serve` instance's listener does once it follows its pool to the new primary.
 async fn listeners(database: &str, n: i64, deadline: Instant) {
-    let mut db = PgConnection::connect(database).await.expect("connect");
-    let mut every = tokio::time::interval(Duration::from_millis(50));
-    loop {
-        every.tick().await;
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE state = 'idle' AND query LIKE 'LISTEN %'",
-        )
-        .fetch_one(&mut db)
-        .await
-        .expect("read pg_stat_activity");
-        if listening >= n {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{listening} sessions listen on the new primary, not {n}"
-        );
-    }
-    db.close().await.expect("close");
+    until_sessions(
+        database,
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE state = 'idle' AND query LIKE 'LISTEN %'",
+        None,
+        n,
+        Duration::from_millis(50),
+        deadline,
+        "listen on the new primary",
+    )
+    .await;
 }
 
 /// When each instance first answered `201` after `since`.
@@ -116,14 +105,7 @@ async fn a_promoted_synchronous_standby_takes_over_with_every_acknowledged_payme
         .until(
             "every worker answered while no primary was up",
             deadline,
-            |s| {
-                s.iter()
-                    .filter(|s| s.sent >= down_at)
-                    .map(|s| s.key / STRIDE)
-                    .collect::<HashSet<_>>()
-                    .len()
-                    == WORKERS
-            },
+            |s| every_worker_sent_since(s, down_at, WORKERS),
         )
         .await;
     let promoting_at = Instant::now();

@@ -344,28 +344,53 @@ pub async fn assert_one_payment_per_key(database: &str, load: &Load, seen: &[See
 }
 
 /// Waits until `n` sessions of `database` running a statement that contains `statement` are
-/// blocked on a lock. PostgreSQL announces no such event, so this watches its own view of its
-/// sessions, with a deadline.
+/// blocked on a lock.
 pub async fn lock_waiters(database: &str, statement: &str, n: i64, deadline: Instant) {
+    until_sessions(
+        database,
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND strpos(query, $1) > 0",
+        Some(statement),
+        n,
+        Duration::from_millis(10),
+        deadline,
+        &format!("waiting on a lock in {statement:?}"),
+    )
+    .await;
+}
+
+/// Waits until `n` sessions of `database` match `sql`, a count over `pg_stat_activity` (with
+/// `arg` as its `$1` if it takes one), asking every `period`. PostgreSQL announces no such
+/// event, so this watches its own view of its sessions, with a deadline; `what` the sessions
+/// were waited for to do says, with their count, what was missing when it passes.
+pub async fn until_sessions(
+    database: &str,
+    sql: &'static str,
+    arg: Option<&str>,
+    n: i64,
+    period: Duration,
+    deadline: Instant,
+    what: &str,
+) {
     let mut db = PgConnection::connect(database).await.expect("connect");
-    let mut every = tokio::time::interval(Duration::from_millis(10));
+    let mut every = tokio::time::interval(period);
     loop {
         every.tick().await;
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'
-               AND strpos(query, $1) > 0",
-        )
-        .bind(statement)
-        .fetch_one(&mut db)
-        .await
-        .expect("read pg_stat_activity");
-        if waiting >= n {
+        let mut count = sqlx::query_scalar::<_, i64>(sql);
+        if let Some(arg) = arg {
+            count = count.bind(arg);
+        }
+        let sessions = count
+            .fetch_one(&mut db)
+            .await
+            .expect("read pg_stat_activity");
+        if sessions >= n {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "{waiting} sessions waiting on a lock in {statement:?}, not {n}"
+            "{sessions} sessions {what}, not {n}"
         );
     }
     db.close().await.expect("close");
@@ -373,6 +398,17 @@ pub async fn lock_waiters(database: &str, statement: &str, n: i64, deadline: Ins
 
 pub fn logs(instances: &[Serve]) -> Vec<String> {
     instances.iter().map(|serve| serve.log()).collect()
+}
+
+/// Whether each of the first `workers` workers of [`Workers`] sent a copy at or after
+/// `since`, and so met whatever happened then (its answers are in `seen`).
+pub fn every_worker_sent_since(seen: &[Seen], since: Instant, workers: usize) -> bool {
+    seen.iter()
+        .filter(|s| s.sent >= since && s.key / STRIDE < workers)
+        .map(|s| s.key / STRIDE)
+        .collect::<HashSet<_>>()
+        .len()
+        == workers
 }
 
 /// The keys of worker `w` of [`Workers`] are `w * STRIDE + n`.
