@@ -94,6 +94,16 @@ impl Journal {
     }
 }
 
+impl Journal {
+    /// Waits until `more` answers beyond those so far are `201`s, or panics at `deadline`.
+    pub async fn until_more_payments(&self, what: &str, more: usize, deadline: Instant) {
+        let created = |s: &[Seen]| s.iter().filter(|s| s.created()).count();
+        let before = created(&self.lock());
+        self.until(what, deadline, |s| created(s) >= before + more)
+            .await;
+    }
+}
+
 /// Sends payment intents to the instances and records every answer.
 pub struct Load {
     client: Client,
@@ -411,12 +421,36 @@ pub fn every_worker_sent_since(seen: &[Seen], since: Instant, workers: usize) ->
         == workers
 }
 
+/// When an outage of the database under load began and ended, as [`Workers::outage`] made
+/// it.
+pub struct Outage {
+    /// Just before the crash.
+    pub crashed_at: Instant,
+    /// Just after it: the database is down.
+    pub down_at: Instant,
+    /// Once every worker met the outage, just before the database is brought back.
+    pub recovering_at: Instant,
+    /// Once it is back.
+    pub up_at: Instant,
+}
+
+impl Outage {
+    /// The answers in `seen` to copies sent once the database was down, answered before its
+    /// recovery began.
+    pub fn answers_while_down<'a>(&self, seen: &'a [Seen]) -> Vec<&'a Seen> {
+        seen.iter()
+            .filter(|s| s.sent >= self.down_at && s.answered <= self.recovering_at)
+            .collect()
+    }
+}
+
 /// The keys of worker `w` of [`Workers`] are `w * STRIDE + n`.
 pub const STRIDE: usize = 100_000;
 
 /// Workers that each pay one intent after another, each until it gets its `201`, until told
 /// to stop: worker `w` pays keys `w * STRIDE + n` through instance `w % 2`.
 pub struct Workers {
+    load: Arc<Load>,
     stop: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -436,7 +470,42 @@ impl Workers {
                 })
             })
             .collect();
-        Self { stop, tasks }
+        Self {
+            load: load.clone(),
+            stop,
+            tasks,
+        }
+    }
+
+    /// An outage under their load: `crash` brings the database down; once each worker sent a
+    /// copy into it (or at `deadline`, a panic), `recover` brings it back. Both block, so they
+    /// run with `block_in_place`.
+    pub async fn outage(
+        &self,
+        deadline: Instant,
+        crash: impl FnOnce(),
+        recover: impl FnOnce(),
+    ) -> Outage {
+        let crashed_at = Instant::now();
+        tokio::task::block_in_place(crash);
+        let down_at = Instant::now();
+        let workers = self.tasks.len();
+        self.load
+            .journal
+            .until(
+                "every worker answered while the database was down",
+                deadline,
+                |s| every_worker_sent_since(s, down_at, workers),
+            )
+            .await;
+        let recovering_at = Instant::now();
+        tokio::task::block_in_place(recover);
+        Outage {
+            crashed_at,
+            down_at,
+            recovering_at,
+            up_at: Instant::now(),
+        }
     }
 
     /// Stops them; returns once each finished its last intent.
