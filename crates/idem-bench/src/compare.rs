@@ -3,6 +3,7 @@
 //! micro-benchmarks compare their time per operation.
 
 use std::collections::HashSet;
+use std::hash::Hash;
 use std::path::Path;
 
 use anyhow::Context as _;
@@ -106,31 +107,56 @@ const ROW_COLUMNS: [(&str, Align); 4] = [
     ("change", Align::Left),
 ];
 
-fn row_lines(old: &Summary, new: &Summary, old_name: &str) -> Vec<Vec<String>> {
-    let mut lines = Vec::new();
+/// A result of the new report, or one only the old report has.
+enum Matched<'a, T> {
+    /// In the new report, beside the same result in the old one if it has it.
+    Now { before: Option<&'a T>, now: &'a T },
+    /// Only in the old report.
+    Gone(&'a T),
+}
+
+/// `new`'s results in order, each with the same one (by `key`) of `old`; then those only `old`
+/// has.
+fn matched<'a, T, K: Eq + Hash>(
+    old: &'a [T],
+    new: &'a [T],
+    key: impl Fn(&'a T) -> K,
+) -> Vec<Matched<'a, T>> {
     let mut seen = HashSet::new();
-    for row in &new.rows {
-        seen.insert(row.key());
-        let before = old.rows.iter().find(|o| o.key() == row.key());
-        let change = match (before.and_then(|b| b.ratio), row.ratio) {
-            _ if before.is_none() => format!("not in {old_name}"),
-            (Some(then), Some(now)) if row.status == "ok" => change(then, now),
-            _ => String::new(),
-        };
-        let then = before.map_or_else(|| "-".into(), RowSummary::shown);
-        let label = row_label(&row.title, row.db_latency_ms);
-        lines.push(vec![label, then, row.shown(), change]);
+    let mut matched = Vec::new();
+    for now in new {
+        seen.insert(key(now));
+        let before = old.iter().find(|&o| key(o) == key(now));
+        matched.push(Matched::Now { before, now });
     }
-    for row in old.rows.iter().filter(|o| !seen.contains(&o.key())) {
-        let label = row_label(&row.title, row.db_latency_ms);
-        lines.push(vec![
-            label,
-            row.shown(),
-            "-".into(),
-            "not in this run".into(),
-        ]);
-    }
+    let gone = old.iter().filter(|&o| !seen.contains(&key(o)));
+    matched.extend(gone.map(Matched::Gone));
+    matched
+}
+
+fn row_lines(old: &Summary, new: &Summary, old_name: &str) -> Vec<Vec<String>> {
+    let lines = matched(&old.rows, &new.rows, RowSummary::key);
     lines
+        .into_iter()
+        .map(|line| match line {
+            Matched::Now { before, now: row } => {
+                let change = match (before.and_then(|b| b.ratio), row.ratio) {
+                    _ if before.is_none() => format!("not in {old_name}"),
+                    (Some(then), Some(now)) if row.status == "ok" => change(then, now),
+                    _ => String::new(),
+                };
+                let then = before.map_or_else(|| "-".into(), RowSummary::shown);
+                let label = row_label(&row.title, row.db_latency_ms);
+                vec![label, then, row.shown(), change]
+            }
+            Matched::Gone(row) => vec![
+                row_label(&row.title, row.db_latency_ms),
+                row.shown(),
+                "-".into(),
+                "not in this run".into(),
+            ],
+        })
+        .collect()
 }
 
 /// `+0.06 (+11%)`: the difference of the ratios, and relative to the earlier one.
@@ -152,45 +178,44 @@ const MICRO_COLUMNS: [(&str, Align); 5] = [
 ];
 
 fn micro_lines(old: &Summary, new: &Summary, old_name: &str) -> Vec<Vec<String>> {
-    let mut lines = Vec::new();
-    let mut seen = HashSet::new();
     let mib = |m: Option<&MicroSummary>| {
         m.and_then(|m| m.mib_per_s)
             .map_or_else(|| "-".into(), |v| format!("{v:.0}"))
     };
-    for m in &new.micro {
-        seen.insert(m.id.as_str());
-        let before = old.micro.iter().find(|o| o.id == m.id);
-        let (then, ratio) = match before {
-            Some(b) => (
-                format!("{:.0}", b.ns_per_op),
-                format!("{:.2}×", m.ns_per_op / b.ns_per_op),
-            ),
-            None => ("-".into(), format!("not in {old_name}")),
-        };
-        let speed = if m.mib_per_s.is_some() {
-            format!("{} → {}", mib(before), mib(Some(m)))
-        } else {
-            String::new()
-        };
-        lines.push(vec![
-            m.id.clone(),
-            then,
-            format!("{:.0}", m.ns_per_op),
-            ratio,
-            speed,
-        ]);
-    }
-    for m in old.micro.iter().filter(|o| !seen.contains(o.id.as_str())) {
-        lines.push(vec![
-            m.id.clone(),
-            format!("{:.0}", m.ns_per_op),
-            "-".into(),
-            "not in this run".into(),
-            String::new(),
-        ]);
-    }
+    let lines = matched(&old.micro, &new.micro, |m| m.id.as_str());
     lines
+        .into_iter()
+        .map(|line| match line {
+            Matched::Now { before, now: m } => {
+                let (then, ratio) = match before {
+                    Some(b) => (
+                        format!("{:.0}", b.ns_per_op),
+                        format!("{:.2}×", m.ns_per_op / b.ns_per_op),
+                    ),
+                    None => ("-".into(), format!("not in {old_name}")),
+                };
+                let speed = if m.mib_per_s.is_some() {
+                    format!("{} → {}", mib(before), mib(Some(m)))
+                } else {
+                    String::new()
+                };
+                vec![
+                    m.id.clone(),
+                    then,
+                    format!("{:.0}", m.ns_per_op),
+                    ratio,
+                    speed,
+                ]
+            }
+            Matched::Gone(m) => vec![
+                m.id.clone(),
+                format!("{:.0}", m.ns_per_op),
+                "-".into(),
+                "not in this run".into(),
+                String::new(),
+            ],
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -252,8 +252,8 @@ impl Report {
                 |r| pair(r.a.as_ref().and_then(f), r.b.as_ref().and_then(f), decimals),
             )
         };
-        line.push(both(|s| s.db_round_trips, 1));
-        line.push(both(|s| s.db_relay_late_ms, 2));
+        line.push(both(|s| s.usage.db_round_trips, 1));
+        line.push(both(|s| s.usage.db_relay_late_ms, 2));
         line
     }
 
@@ -358,8 +358,8 @@ fn table_row(r: &Row) -> Vec<String> {
             0,
         ),
         pair(
-            a.and_then(|s| s.machine_idle).map(|f| f * 100.0),
-            b.and_then(|s| s.machine_idle).map(|f| f * 100.0),
+            a.and_then(|s| s.usage.machine_idle).map(|f| f * 100.0),
+            b.and_then(|s| s.usage.machine_idle).map(|f| f * 100.0),
             0,
         ),
     ]

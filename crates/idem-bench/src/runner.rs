@@ -18,18 +18,57 @@ pub struct RunResult {
     /// What the load generator measured.
     #[serde(flatten)]
     pub sample: Sample,
-    /// CPU µs per request over the window, by component.
+    /// What it cost, over the window (CPU) or the run (the relay's figures).
+    #[serde(flatten)]
+    pub usage: Usage,
+}
+
+/// What serving a run's requests cost beside the answers: CPU, and the database's round
+/// trips as the latency relay saw them. A [`Side`]'s are the medians over its rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    /// CPU µs per request, by component.
     pub cpu_us_per_request: BTreeMap<String, f64>,
-    /// The share of the machine's CPU left idle over the window.
+    /// The share of the machine's CPU left idle.
     pub machine_idle: Option<f64>,
-    /// Round trips to the database per request over the run, counted by the latency relay
-    /// (when the variant runs through one).
+    /// Round trips to the database per request, counted by the latency relay (when the
+    /// variant runs through one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub db_round_trips: Option<f64>,
-    /// How much later than its time the relay passed a chunk on, on average over the run, ms
-    /// (scheduling on a busy machine; the relay's hop is its delay plus this).
+    /// How much later than its time the relay passed a chunk on, on average, ms (scheduling
+    /// on a busy machine; the relay's hop is its delay plus this).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub db_relay_late_ms: Option<f64>,
+}
+
+impl Usage {
+    /// The medians of `rounds`: per component, and of each figure over the rounds that have
+    /// it.
+    fn median(rounds: &[RunResult]) -> Self {
+        let median_of = |f: fn(&Usage) -> Option<f64>| {
+            median(
+                &rounds
+                    .iter()
+                    .filter_map(|r| f(&r.usage))
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let mut components: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for r in rounds {
+            for (name, micros) in &r.usage.cpu_us_per_request {
+                components.entry(name.clone()).or_default().push(*micros);
+            }
+        }
+        Self {
+            cpu_us_per_request: components
+                .into_iter()
+                .filter_map(|(name, values)| Some((name, median(&values)?)))
+                .collect(),
+            machine_idle: median_of(|u| u.machine_idle),
+            db_round_trips: median_of(|u| u.db_round_trips),
+            db_relay_late_ms: median_of(|u| u.db_relay_late_ms),
+        }
+    }
 }
 
 /// One side of a row: a variant's medians over its rounds.
@@ -47,16 +86,9 @@ pub struct Side {
     pub p99_ms: Option<f64>,
     /// Median CPU µs per request of everything but the load generator.
     pub serving_cpu_us: Option<f64>,
-    /// Median CPU µs per request, by component.
-    pub cpu_us_per_request: BTreeMap<String, f64>,
-    /// Median share of the machine's CPU left idle.
-    pub machine_idle: Option<f64>,
-    /// Median round trips to the database per request (through the latency relay only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub db_round_trips: Option<f64>,
-    /// Median of how late the relay passed chunks on, ms (through the latency relay only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub db_relay_late_ms: Option<f64>,
+    /// The medians of what the rounds cost.
+    #[serde(flatten)]
+    pub usage: Usage,
     /// Every round.
     pub rounds: Vec<RunResult>,
 }
@@ -367,43 +399,26 @@ async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunR
     let db_round_trips = relay.map(|(before, after)| {
         (after.round_trips - before.round_trips) as f64 / sample.total_requests.max(1) as f64
     });
-    Ok(RunResult {
+    let usage = Usage {
         cpu_us_per_request: before.per_request(&after, served),
         machine_idle: before.idle_fraction(&after),
         db_round_trips,
         db_relay_late_ms: relay.and_then(|(before, after)| after.mean_late_ms(&before)),
-        sample,
-    })
-}
-
-/// The median of what `f` gives for the rounds that have it.
-fn median_of(rounds: &[RunResult], f: impl Fn(&RunResult) -> Option<f64>) -> Option<f64> {
-    median(&rounds.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    Ok(RunResult { sample, usage })
 }
 
 fn side(variant: &'static str, label: String, runs: &Runs) -> Side {
     let rounds: Vec<RunResult> = runs.rounds.iter().flatten().cloned().collect();
     let of = |f: fn(&RunResult) -> f64| median(&rounds.iter().map(f).collect::<Vec<_>>());
-    let mut components: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for r in &rounds {
-        for (name, micros) in &r.cpu_us_per_request {
-            components.entry(name.clone()).or_default().push(*micros);
-        }
-    }
     Side {
         variant,
         label,
         throughput: of(|r| r.sample.throughput),
         p50_ms: of(|r| r.sample.p50_ms),
         p99_ms: of(|r| r.sample.p99_ms),
-        serving_cpu_us: of(|r| cpu::serving(&r.cpu_us_per_request)),
-        machine_idle: median_of(&rounds, |r| r.machine_idle),
-        db_round_trips: median_of(&rounds, |r| r.db_round_trips),
-        db_relay_late_ms: median_of(&rounds, |r| r.db_relay_late_ms),
-        cpu_us_per_request: components
-            .into_iter()
-            .filter_map(|(name, values)| Some((name, median(&values)?)))
-            .collect(),
+        serving_cpu_us: of(|r| cpu::serving(&r.usage.cpu_us_per_request)),
+        usage: Usage::median(&rounds),
         rounds,
     }
 }

@@ -218,29 +218,48 @@ fn parse_upstream(s: &str) -> Result<String, String> {
 }
 
 fn parse_errors(s: &str) -> Result<idem_core::ErrorDialect, String> {
-    match s {
-        "problem" => Ok(idem_core::ErrorDialect::Problem),
-        "stripe" => Ok(idem_core::ErrorDialect::Stripe),
-        other => Err(format!("expected problem or stripe, not {other:?}")),
-    }
+    parse_named(
+        s,
+        &[
+            ("problem", idem_core::ErrorDialect::Problem),
+            ("stripe", idem_core::ErrorDialect::Stripe),
+        ],
+    )
 }
 
 fn parse_forwarding(s: &str) -> Result<KeyForwarding, String> {
-    match s {
-        "as-sent" => Ok(KeyForwarding::AsSent),
-        "derived" => Ok(KeyForwarding::Derived),
-        "none" => Ok(KeyForwarding::Drop),
-        _ => Err(format!("expected as-sent, derived or none, got {s:?}")),
-    }
+    parse_named(
+        s,
+        &[
+            ("as-sent", KeyForwarding::AsSent),
+            ("derived", KeyForwarding::Derived),
+            ("none", KeyForwarding::Drop),
+        ],
+    )
 }
 
 fn parse_outcome(s: &str) -> Result<UnknownOutcome, String> {
-    match s {
-        "store" => Ok(UnknownOutcome::Store),
-        "keep" => Ok(UnknownOutcome::Keep),
-        "release" => Ok(UnknownOutcome::Release),
-        _ => Err(format!("expected store, keep or release, got {s:?}")),
+    parse_named(
+        s,
+        &[
+            ("store", UnknownOutcome::Store),
+            ("keep", UnknownOutcome::Keep),
+            ("release", UnknownOutcome::Release),
+        ],
+    )
+}
+
+/// The value `s` names among `choices` (at least two), or an error that lists the names.
+fn parse_named<T: Copy>(s: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    if let Some((_, value)) = choices.iter().find(|(name, _)| *name == s) {
+        return Ok(*value);
     }
+    let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+    let (last, others) = names.split_last().unwrap_or((&"", &[]));
+    Err(format!(
+        "expected {} or {last}, got {s:?}",
+        others.join(", ")
+    ))
 }
 
 /// Runs the gateway until Ctrl-C or SIGTERM (or checks a configuration file and exits).

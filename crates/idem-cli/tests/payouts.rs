@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{ALICE, Spawned, TestServer, send, start_psp};
+use common::{ALICE, Spawned, TestServer, idem_output, send, start_psp};
 use futures_util::future::join_all;
 use idem_cli::fake_psp::{FakePsp, Faults};
 
@@ -49,16 +49,7 @@ fn await_line(served: &Spawned, needle: &str) {
 
 /// `idem keys ARGS`: its exit code, stdout and stderr.
 fn keys(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .arg("keys")
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    idem_output("keys", args)
 }
 
 fn payout(url: &str, key: &str) -> reqwest::RequestBuilder {

@@ -311,29 +311,12 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
         deadline,
     )
     .await;
-    let crashed_at = Instant::now();
-    tokio::task::block_in_place(|| cluster.crash());
-    let down_at = Instant::now();
     // Down long enough that every worker's retry met a server that was already gone.
-    journal
-        .until(
-            "every worker answered while the database was down",
-            deadline,
-            |s| {
-                s.iter()
-                    .filter(|s| s.sent >= down_at && s.key / STRIDE < WORKERS)
-                    .map(|s| s.key / STRIDE)
-                    .collect::<HashSet<_>>()
-                    .len()
-                    == WORKERS
-            },
-        )
+    let crash = workers
+        .outage(deadline, || cluster.crash(), || cluster.start_again())
         .await;
-    let restarting_at = Instant::now();
-    tokio::task::block_in_place(|| cluster.start_again());
-    let up_at = Instant::now();
     // Recovered: a payment made after the restart began, by the same processes.
-    let recovered = |s: &Seen| s.created() && s.answered >= restarting_at;
+    let recovered = |s: &Seen| s.created() && s.answered >= crash.recovering_at;
     journal
         .until("the first payment after the restart", deadline, |s| {
             s.iter().any(recovered)
@@ -346,11 +329,8 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
         .map(|s| s.answered)
         .min()
         .expect("a payment after the restart");
-    let created_before_restart = created(&journal.snapshot());
     journal
-        .until("more payments after the recovery", deadline, |s| {
-            created(s) >= created_before_restart + 150
-        })
+        .until_more_payments("more payments after the recovery", 150, deadline)
         .await;
     workers.stop().await;
     for worker in caught {
@@ -379,10 +359,7 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
     // During the outage and everywhere else: 201s, or refusals with Retry-After; never a 500,
     // and every request got an answer.
     assert_only_payments_and_refusals(&seen, false, &logs);
-    let down: Vec<&Seen> = seen
-        .iter()
-        .filter(|s| s.sent >= down_at && s.answered <= restarting_at)
-        .collect();
+    let down = crash.answers_while_down(&seen);
     assert!(
         down.iter().all(|s| matches!(s.status, Some(409 | 503))),
         "answers while the database was down: {:?}",
@@ -395,7 +372,7 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
     // Every payment acknowledged before the crash survived it and replays, byte for byte.
     let acknowledged: Vec<&Seen> = seen
         .iter()
-        .filter(|s| s.created() && s.answered <= crashed_at)
+        .filter(|s| s.created() && s.answered <= crash.crashed_at)
         .collect();
     let replays = join_all(acknowledged.iter().map(|s| load.copy(s.key, s.instance))).await;
     for (before, after) in acknowledged.iter().zip(&replays) {
@@ -409,10 +386,10 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
     }
 
     // From the crash to the first payment after the restart. The 201s in it are work that
-    // committed before the server went down and whose answers left after `crashed_at`.
+    // committed before the server went down and whose answers left after the crash.
     let outage: Vec<&Seen> = seen
         .iter()
-        .filter(|s| s.answered >= crashed_at && s.answered < recovered_at)
+        .filter(|s| s.answered >= crash.crashed_at && s.answered < recovered_at)
         .collect();
     let slowest_refusal = outage
         .iter()
@@ -435,11 +412,11 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
         tally(&seen),
         tally(outage.iter().copied()),
         tally(down.iter().copied()),
-        down_at - crashed_at,
-        restarting_at - down_at,
-        up_at - restarting_at,
-        recovered_at - restarting_at,
-        recovered_at - crashed_at,
+        crash.down_at - crash.crashed_at,
+        crash.recovering_at - crash.down_at,
+        crash.up_at - crash.recovering_at,
+        recovered_at - crash.recovering_at,
+        recovered_at - crash.crashed_at,
         acknowledged.len(),
     );
 }

@@ -11,17 +11,16 @@ mod payments;
 #[path = "common/processes.rs"]
 mod processes;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use payments::{
-    Load, STRIDE, Seen, Workers, assert_one_payment_per_key, assert_only_payments_and_refusals,
-    logs, tally,
+    Load, Seen, Workers, assert_one_payment_per_key, assert_only_payments_and_refusals, logs,
+    tally, until_sessions,
 };
 use processes::{Cluster, Serve};
-use sqlx::{Connection, PgConnection};
 use tokio::task::block_in_place;
 use tokio::time::Instant;
 
@@ -44,29 +43,19 @@ fn until_synchronous(primary: &Cluster, deadline: Instant) {
 }
 
 /// Waits until `n` sessions on `database` listen for outcome wake-ups (`LISTEN`), as each
-/// `idem serve` instance's listener does once it follows its pool to the new primary. Asked
-/// of PostgreSQL's view of its sessions, with a deadline.
+/// `idem serve` instance's listener does once it follows its pool to the new primary.
 async fn listeners(database: &str, n: i64, deadline: Instant) {
-    let mut db = PgConnection::connect(database).await.expect("connect");
-    let mut every = tokio::time::interval(Duration::from_millis(50));
-    loop {
-        every.tick().await;
-        let listening: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE state = 'idle' AND query LIKE 'LISTEN %'",
-        )
-        .fetch_one(&mut db)
-        .await
-        .expect("read pg_stat_activity");
-        if listening >= n {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{listening} sessions listen on the new primary, not {n}"
-        );
-    }
-    db.close().await.expect("close");
+    until_sessions(
+        database,
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE state = 'idle' AND query LIKE 'LISTEN %'",
+        None,
+        n,
+        Duration::from_millis(50),
+        deadline,
+        "listen on the new primary",
+    )
+    .await;
 }
 
 /// When each instance first answered `201` after `since`.
@@ -107,45 +96,25 @@ async fn a_promoted_synchronous_standby_takes_over_with_every_acknowledged_payme
             created(s) >= 150
         })
         .await;
-    let crashed_at = Instant::now();
-    block_in_place(|| primary.crash());
-    let down_at = Instant::now();
     // No primary until every worker met the outage; then the standby is promoted, as an
     // operator or a failover manager would.
-    journal
-        .until(
-            "every worker answered while no primary was up",
-            deadline,
-            |s| {
-                s.iter()
-                    .filter(|s| s.sent >= down_at)
-                    .map(|s| s.key / STRIDE)
-                    .collect::<HashSet<_>>()
-                    .len()
-                    == WORKERS
-            },
-        )
+    let crash = workers
+        .outage(deadline, || primary.crash(), || standby.promote())
         .await;
-    let promoting_at = Instant::now();
-    block_in_place(|| standby.promote());
-    let promoted_at = Instant::now();
     // Both instances pay again, by themselves, on the promoted standby.
     journal
         .until(
             "a payment on each instance after the promotion",
             deadline,
             |s| {
-                first_payments_after(s, promoted_at)
+                first_payments_after(s, crash.up_at)
                     .iter()
                     .all(Option::is_some)
             },
         )
         .await;
-    let created_at_recovery = created(&journal.snapshot());
     journal
-        .until("more payments after the recovery", deadline, |s| {
-            created(s) >= created_at_recovery + 150
-        })
+        .until_more_payments("more payments after the recovery", 150, deadline)
         .await;
     workers.stop().await;
     let seen = journal.snapshot();
@@ -155,10 +124,7 @@ async fn a_promoted_synchronous_standby_takes_over_with_every_acknowledged_payme
     // Never a 500: payments, and refusals with Retry-After.
     assert_only_payments_and_refusals(&seen, true, &logs);
     // While no primary was up, every answer was a 503 with Retry-After (or none at all).
-    let down: Vec<&Seen> = seen
-        .iter()
-        .filter(|s| s.sent >= down_at && s.answered <= promoting_at)
-        .collect();
+    let down = crash.answers_while_down(&seen);
     assert!(
         down.iter()
             .all(|s| s.status.is_none() || (s.status == Some(503) && s.retry_after.is_some())),
@@ -185,11 +151,11 @@ async fn a_promoted_synchronous_standby_takes_over_with_every_acknowledged_payme
     // The outcome listeners of both instances followed the pool to the new primary.
     listeners(&standby.url, 2, deadline).await;
 
-    let recovered = first_payments_after(&seen, promoted_at).map(|at| at.expect("a payment"));
+    let recovered = first_payments_after(&seen, crash.up_at).map(|at| at.expect("a payment"));
     // From the moment the primary was down to the first payment after the promotion.
     let outage: Vec<&Seen> = seen
         .iter()
-        .filter(|s| s.answered >= down_at && s.answered < recovered[0].min(recovered[1]))
+        .filter(|s| s.answered >= crash.down_at && s.answered < recovered[0].min(recovered[1]))
         .collect();
     let refusals: Vec<Instant> = outage
         .iter()
@@ -208,7 +174,7 @@ async fn a_promoted_synchronous_standby_takes_over_with_every_acknowledged_payme
     };
     let acknowledged_before_crash = acknowledged
         .values()
-        .filter(|s| s.answered <= crashed_at)
+        .filter(|s| s.answered <= crash.crashed_at)
         .count();
     eprintln!(
         "failover to a synchronous standby under load: {WORKERS} workers over two instances; \
@@ -219,13 +185,13 @@ async fn a_promoted_synchronous_standby_takes_over_with_every_acknowledged_payme
          promotion {:?}; {} payments \
          acknowledged ({} before the crash), {payments} payments found on the new primary, one \
          per key, each replayed byte for byte; 0 keys in progress; answers by status {:?}",
-        down_at - crashed_at,
-        promoting_at - down_at,
-        promoted_at - promoting_at,
-        recovered[0] - promoted_at,
-        recovered[1] - promoted_at,
-        recovered[0] - crashed_at,
-        recovered[1] - crashed_at,
+        crash.down_at - crash.crashed_at,
+        crash.recovering_at - crash.down_at,
+        crash.up_at - crash.recovering_at,
+        recovered[0] - crash.up_at,
+        recovered[1] - crash.up_at,
+        recovered[0] - crash.crashed_at,
+        recovered[1] - crash.crashed_at,
         refusing_for,
         tally(outage.iter().copied()),
         acknowledged.len(),

@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{Spawned, assert_healthy, metrics};
+use common::{Spawned, assert_healthy, keyed, metrics};
 
 /// Starts `idem proxy` from `dir` in front of `upstream`, with `extra` flags.
 fn start_proxy(dir: &std::path::Path, upstream: &str, extra: &[&str]) -> Spawned {
@@ -35,15 +35,24 @@ async fn start_upstream() -> String {
     url
 }
 
+/// `METHOD {url}` as the proxy's client (token `t1`), with `key` as its Idempotency-Key when
+/// there is one.
+async fn send_as_client(
+    client: &reqwest::Client,
+    method: reqwest::Method,
+    url: &str,
+    key: Option<&str>,
+) -> reqwest::Response {
+    let request = client
+        .request(method, url)
+        .header("authorization", "Bearer t1");
+    keyed(request, key).send().await.unwrap()
+}
+
 /// `POST {url}/orders` with `key`, which the upstream (or the replay) answers `201`.
 async fn order(client: &reqwest::Client, url: &str, key: &str) -> reqwest::Response {
-    let answer = client
-        .post(format!("{url}/orders"))
-        .header("authorization", "Bearer t1")
-        .header("idempotency-key", key)
-        .send()
-        .await
-        .unwrap();
+    let orders = format!("{url}/orders");
+    let answer = send_as_client(client, reqwest::Method::POST, &orders, Some(key)).await;
     assert_eq!(answer.status(), 201);
     answer
 }
@@ -213,13 +222,8 @@ async fn large_through_a_proxy(
     let client = reqwest::Client::new();
     assert_healthy(&client, &proxy.url).await;
     let idle = peak_kib(&proxy.child);
-    let mut request = client
-        .request(method, format!("{}/large", proxy.url))
-        .header("authorization", "Bearer t1");
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    let answer = request.send().await.unwrap();
+    let large = format!("{}/large", proxy.url);
+    let answer = send_as_client(&client, method, &large, key).await;
     assert_eq!(answer.status(), 200);
     assert_eq!(read_large(answer).await, LARGE, "every byte arrives");
     let peak = peak_kib(&proxy.child);
@@ -244,13 +248,8 @@ async fn a_100_mib_covered_answer_streams_through_the_proxy() {
     let key = "large-key-0001";
     let (proxy, client) =
         large_through_a_proxy(dir.path(), "covered POST", reqwest::Method::POST, Some(key)).await;
-    let replay = client
-        .post(format!("{}/large", proxy.url))
-        .header("authorization", "Bearer t1")
-        .header("idempotency-key", key)
-        .send()
-        .await
-        .unwrap();
+    let large = format!("{}/large", proxy.url);
+    let replay = send_as_client(&client, reqwest::Method::POST, &large, Some(key)).await;
     assert_eq!(replay.status(), 200);
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(replay.headers()["idempotent-replay"], "omitted");

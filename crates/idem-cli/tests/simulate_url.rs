@@ -10,14 +10,13 @@ mod processes;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::ALICE;
+use common::{ALICE, idem_output};
 use idem_cli::simulate::{
     RateReport, Report, ResourceList, SimulateConfig, Target, TargetApi, simulate,
 };
@@ -257,21 +256,6 @@ fn throwaway_ca(dir: &Path) {
     std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
 }
 
-/// `idem simulate ARGS --json`: its exit code, stdout and stderr.
-fn simulate_binary(args: &[&str]) -> (Option<i32>, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
-        .arg("simulate")
-        .args(args)
-        .output()
-        .unwrap();
-    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-    (
-        output.status.code(),
-        text(&output.stdout),
-        text(&output.stderr),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_measures_idem_serve_over_https() {
     let dir = tempfile::tempdir().unwrap();
@@ -302,7 +286,7 @@ async fn the_binary_measures_idem_serve_over_https() {
     let ca = file("ca.pem");
     let mut args = target.to_vec();
     args.extend(["--requests", "200", "--ca-cert", &ca, "--plot", &plot]);
-    let (code, stdout, stderr) = simulate_binary(&args);
+    let (code, stdout, stderr) = idem_output("simulate", &args);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let json: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(json["target"]["kind"], "url");
@@ -324,7 +308,7 @@ async fn the_binary_measures_idem_serve_over_https() {
     // Without the CA the certificate is refused, and the error says so.
     let mut args = target.to_vec();
     args.extend(["--requests", "1"]);
-    let (code, stdout, stderr) = simulate_binary(&args);
+    let (code, stdout, stderr) = idem_output("simulate", &args);
     assert_eq!(code, Some(2), "{stdout}\n{stderr}");
     assert!(stderr.contains("certificate"), "{stderr}");
 }
@@ -342,7 +326,7 @@ fn the_api_flags_need_a_url() {
             "http://127.0.0.1:1/x",
         ],
     ] {
-        let (code, _, stderr) = simulate_binary(flags);
+        let (code, _, stderr) = idem_output("simulate", flags);
         assert_eq!(code, Some(2), "{flags:?}: {stderr}");
         assert!(stderr.contains("--url"), "{flags:?}: {stderr}");
     }

@@ -154,12 +154,12 @@ impl Report {
     pub fn table(&self) -> String {
         let n = self.rates.first().map_or(0, |r| r.requests);
         let (without, with) = self.columns();
-        let columns: Vec<&Column> = LEAD.iter().chain(&without).chain(&with).collect();
-        let headers: Vec<&str> = columns.iter().map(|c| c.header).collect();
+        let columns: Vec<Column> = LEAD.iter().chain(&without).chain(&with).copied().collect();
+        let headers: Vec<&str> = columns.iter().map(|c| c.header()).collect();
         let rows: Vec<Vec<String>> = self
             .rates
             .iter()
-            .map(|r| columns.iter().map(|c| (c.cell)(r)).collect())
+            .map(|r| columns.iter().map(|c| c.cell(r)).collect())
             .collect();
         let widths = Widths::fit(&headers, &rows);
         let mut out = String::new();
@@ -193,18 +193,28 @@ impl Report {
     /// The columns of each variant: charges in the database for the in-process server,
     /// resource ids (and the list) for an API of the caller's own.
     fn columns(&self) -> (Vec<Column>, Vec<Column>) {
+        use Column::{
+            ChargesInDb, DoubleCharges, ExtraCharges, ExtraChargesWithKeys, Incidents, Listed,
+            Prevented, ResourcesSeen,
+        };
+        use Variant::{WithKeys, WithoutKeys};
         match &self.target {
             Target::InProcess { .. } => (
-                vec![INCIDENTS, EXTRA, DB_WITHOUT],
-                vec![DOUBLE, PREVENTED, DB_WITH],
+                vec![Incidents, ExtraCharges, ChargesInDb(WithoutKeys)],
+                vec![DoubleCharges, Prevented, ChargesInDb(WithKeys)],
             ),
             Target::Url { list_url, .. } => {
                 let listed = list_url.is_some();
-                let mut without = vec![INCIDENTS, EXTRA, SEEN_WITHOUT];
-                let mut with = vec![DOUBLE, EXTRA_WITH, PREVENTED, SEEN_WITH];
+                let mut without = vec![Incidents, ExtraCharges, ResourcesSeen(WithoutKeys)];
+                let mut with = vec![
+                    DoubleCharges,
+                    ExtraChargesWithKeys,
+                    Prevented,
+                    ResourcesSeen(WithKeys),
+                ];
                 if listed {
-                    without.push(LISTED_WITHOUT);
-                    with.push(LISTED_WITH);
+                    without.push(Listed(WithoutKeys));
+                    with.push(Listed(WithKeys));
                 }
                 (without, with)
             }
@@ -288,83 +298,89 @@ impl Report {
     }
 }
 
-/// One column of the table: its header and how a rate's cell is written.
-struct Column {
-    header: &'static str,
-    cell: fn(&RateReport) -> String,
+/// Which of a rate's two runs a column reads.
+#[derive(Clone, Copy)]
+enum Variant {
+    WithoutKeys,
+    WithKeys,
+}
+
+impl Variant {
+    fn run(self, r: &RateReport) -> &RunFacts {
+        match self {
+            Self::WithoutKeys => &r.without_keys.run,
+            Self::WithKeys => &r.with_keys.run,
+        }
+    }
+
+    fn charges_in_db(self, r: &RateReport) -> u64 {
+        match self {
+            Self::WithoutKeys => r.without_keys.charges_in_db,
+            Self::WithKeys => r.with_keys.charges_in_db,
+        }
+    }
+}
+
+/// One column of the table; the last three come in both variants.
+#[derive(Clone, Copy)]
+enum Column {
+    Loss,
+    Requests,
+    /// Without keys, beside the expected number.
+    Incidents,
+    /// Without keys, beside the expected number.
+    ExtraCharges,
+    DoubleCharges,
+    ExtraChargesWithKeys,
+    Prevented,
+    ChargesInDb(Variant),
+    ResourcesSeen(Variant),
+    Listed(Variant),
+}
+
+impl Column {
+    fn header(self) -> &'static str {
+        match self {
+            Self::Loss => "loss",
+            Self::Requests => "requests",
+            Self::Incidents => "double-charged",
+            Self::ExtraCharges | Self::ExtraChargesWithKeys => "extra charges",
+            Self::DoubleCharges => "double charges",
+            Self::Prevented => "duplicates prevented",
+            Self::ChargesInDb(_) => "charges in db",
+            Self::ResourcesSeen(_) => "resources seen",
+            Self::Listed(_) => "listed",
+        }
+    }
+
+    /// The cell of rate `r`.
+    fn cell(self, r: &RateReport) -> String {
+        let with_expected = |actual: u64, expected: f64| format!("{actual} (≈ {expected:.0})");
+        match self {
+            Self::Loss => percent(r.loss),
+            Self::Requests => r.requests.to_string(),
+            Self::Incidents => with_expected(
+                r.without_keys.double_charge_incidents,
+                r.expected.double_charge_incidents,
+            ),
+            Self::ExtraCharges => {
+                with_expected(r.without_keys.extra_charges, r.expected.extra_charges)
+            }
+            Self::DoubleCharges => r.with_keys.double_charges.to_string(),
+            Self::ExtraChargesWithKeys => r.with_keys.extra_charges.to_string(),
+            Self::Prevented => r.with_keys.duplicates_prevented.to_string(),
+            Self::ChargesInDb(variant) => variant.charges_in_db(r).to_string(),
+            Self::ResourcesSeen(variant) => variant.run(r).resources_seen.to_string(),
+            Self::Listed(variant) => variant
+                .run(r)
+                .resources_listed
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+        }
+    }
 }
 
 /// The rate and its intents, before either variant's columns.
-static LEAD: [Column; 2] = [
-    Column {
-        header: "loss",
-        cell: |r| percent(r.loss),
-    },
-    Column {
-        header: "requests",
-        cell: |r| r.requests.to_string(),
-    },
-];
-
-const INCIDENTS: Column = Column {
-    header: "double-charged",
-    cell: |r| {
-        format!(
-            "{} (≈ {:.0})",
-            r.without_keys.double_charge_incidents, r.expected.double_charge_incidents
-        )
-    },
-};
-const EXTRA: Column = Column {
-    header: "extra charges",
-    cell: |r| {
-        format!(
-            "{} (≈ {:.0})",
-            r.without_keys.extra_charges, r.expected.extra_charges
-        )
-    },
-};
-const DB_WITHOUT: Column = Column {
-    header: "charges in db",
-    cell: |r| r.without_keys.charges_in_db.to_string(),
-};
-const SEEN_WITHOUT: Column = Column {
-    header: "resources seen",
-    cell: |r| r.without_keys.run.resources_seen.to_string(),
-};
-const LISTED_WITHOUT: Column = Column {
-    header: "listed",
-    cell: |r| listed(&r.without_keys.run),
-};
-const DOUBLE: Column = Column {
-    header: "double charges",
-    cell: |r| r.with_keys.double_charges.to_string(),
-};
-const EXTRA_WITH: Column = Column {
-    header: "extra charges",
-    cell: |r| r.with_keys.extra_charges.to_string(),
-};
-const PREVENTED: Column = Column {
-    header: "duplicates prevented",
-    cell: |r| r.with_keys.duplicates_prevented.to_string(),
-};
-const DB_WITH: Column = Column {
-    header: "charges in db",
-    cell: |r| r.with_keys.charges_in_db.to_string(),
-};
-const SEEN_WITH: Column = Column {
-    header: "resources seen",
-    cell: |r| r.with_keys.run.resources_seen.to_string(),
-};
-const LISTED_WITH: Column = Column {
-    header: "listed",
-    cell: |r| listed(&r.with_keys.run),
-};
-
-fn listed(run: &RunFacts) -> String {
-    run.resources_listed
-        .map_or_else(|| "-".to_owned(), |n| n.to_string())
-}
+const LEAD: [Column; 2] = [Column::Loss, Column::Requests];
 
 /// Between two columns.
 const GAP: &str = "  ";

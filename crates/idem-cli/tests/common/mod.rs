@@ -204,6 +204,21 @@ pub async fn idem(args: Vec<String>) -> std::process::Output {
     .unwrap()
 }
 
+/// `idem SUBCOMMAND ARGS` run to its end: its exit code, stdout and stderr.
+pub fn idem_output(subcommand: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .arg(subcommand)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (
+        output.status.code(),
+        text(&output.stdout),
+        text(&output.stderr),
+    )
+}
+
 /// `idem drill --url URL` with the sandbox's two tokens, then `extra`.
 pub fn drill_args(url: &str, extra: &[&str]) -> Vec<String> {
     ["drill", "--url", url, "--token-a", ALICE, "--token-b", BOB]

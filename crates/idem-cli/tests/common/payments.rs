@@ -94,6 +94,16 @@ impl Journal {
     }
 }
 
+impl Journal {
+    /// Waits until `more` answers beyond those so far are `201`s, or panics at `deadline`.
+    pub async fn until_more_payments(&self, what: &str, more: usize, deadline: Instant) {
+        let created = |s: &[Seen]| s.iter().filter(|s| s.created()).count();
+        let before = created(&self.lock());
+        self.until(what, deadline, |s| created(s) >= before + more)
+            .await;
+    }
+}
+
 /// Sends payment intents to the instances and records every answer.
 pub struct Load {
     client: Client,
@@ -344,28 +354,53 @@ pub async fn assert_one_payment_per_key(database: &str, load: &Load, seen: &[See
 }
 
 /// Waits until `n` sessions of `database` running a statement that contains `statement` are
-/// blocked on a lock. PostgreSQL announces no such event, so this watches its own view of its
-/// sessions, with a deadline.
+/// blocked on a lock.
 pub async fn lock_waiters(database: &str, statement: &str, n: i64, deadline: Instant) {
+    until_sessions(
+        database,
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND strpos(query, $1) > 0",
+        Some(statement),
+        n,
+        Duration::from_millis(10),
+        deadline,
+        &format!("waiting on a lock in {statement:?}"),
+    )
+    .await;
+}
+
+/// Waits until `n` sessions of `database` match `sql`, a count over `pg_stat_activity` (with
+/// `arg` as its `$1` if it takes one), asking every `period`. PostgreSQL announces no such
+/// event, so this watches its own view of its sessions, with a deadline; `what` the sessions
+/// were waited for to do says, with their count, what was missing when it passes.
+pub async fn until_sessions(
+    database: &str,
+    sql: &'static str,
+    arg: Option<&str>,
+    n: i64,
+    period: Duration,
+    deadline: Instant,
+    what: &str,
+) {
     let mut db = PgConnection::connect(database).await.expect("connect");
-    let mut every = tokio::time::interval(Duration::from_millis(10));
+    let mut every = tokio::time::interval(period);
     loop {
         every.tick().await;
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'
-               AND strpos(query, $1) > 0",
-        )
-        .bind(statement)
-        .fetch_one(&mut db)
-        .await
-        .expect("read pg_stat_activity");
-        if waiting >= n {
+        let mut count = sqlx::query_scalar::<_, i64>(sql);
+        if let Some(arg) = arg {
+            count = count.bind(arg);
+        }
+        let sessions = count
+            .fetch_one(&mut db)
+            .await
+            .expect("read pg_stat_activity");
+        if sessions >= n {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "{waiting} sessions waiting on a lock in {statement:?}, not {n}"
+            "{sessions} sessions {what}, not {n}"
         );
     }
     db.close().await.expect("close");
@@ -375,12 +410,47 @@ pub fn logs(instances: &[Serve]) -> Vec<String> {
     instances.iter().map(|serve| serve.log()).collect()
 }
 
+/// Whether each of the first `workers` workers of [`Workers`] sent a copy at or after
+/// `since`, and so met whatever happened then (its answers are in `seen`).
+pub fn every_worker_sent_since(seen: &[Seen], since: Instant, workers: usize) -> bool {
+    seen.iter()
+        .filter(|s| s.sent >= since && s.key / STRIDE < workers)
+        .map(|s| s.key / STRIDE)
+        .collect::<HashSet<_>>()
+        .len()
+        == workers
+}
+
+/// When an outage of the database under load began and ended, as [`Workers::outage`] made
+/// it.
+pub struct Outage {
+    /// Just before the crash.
+    pub crashed_at: Instant,
+    /// Just after it: the database is down.
+    pub down_at: Instant,
+    /// Once every worker met the outage, just before the database is brought back.
+    pub recovering_at: Instant,
+    /// Once it is back.
+    pub up_at: Instant,
+}
+
+impl Outage {
+    /// The answers in `seen` to copies sent once the database was down, answered before its
+    /// recovery began.
+    pub fn answers_while_down<'a>(&self, seen: &'a [Seen]) -> Vec<&'a Seen> {
+        seen.iter()
+            .filter(|s| s.sent >= self.down_at && s.answered <= self.recovering_at)
+            .collect()
+    }
+}
+
 /// The keys of worker `w` of [`Workers`] are `w * STRIDE + n`.
 pub const STRIDE: usize = 100_000;
 
 /// Workers that each pay one intent after another, each until it gets its `201`, until told
 /// to stop: worker `w` pays keys `w * STRIDE + n` through instance `w % 2`.
 pub struct Workers {
+    load: Arc<Load>,
     stop: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -400,7 +470,42 @@ impl Workers {
                 })
             })
             .collect();
-        Self { stop, tasks }
+        Self {
+            load: load.clone(),
+            stop,
+            tasks,
+        }
+    }
+
+    /// An outage under their load: `crash` brings the database down; once each worker sent a
+    /// copy into it (or at `deadline`, a panic), `recover` brings it back. Both block, so they
+    /// run with `block_in_place`.
+    pub async fn outage(
+        &self,
+        deadline: Instant,
+        crash: impl FnOnce(),
+        recover: impl FnOnce(),
+    ) -> Outage {
+        let crashed_at = Instant::now();
+        tokio::task::block_in_place(crash);
+        let down_at = Instant::now();
+        let workers = self.tasks.len();
+        self.load
+            .journal
+            .until(
+                "every worker answered while the database was down",
+                deadline,
+                |s| every_worker_sent_since(s, down_at, workers),
+            )
+            .await;
+        let recovering_at = Instant::now();
+        tokio::task::block_in_place(recover);
+        Outage {
+            crashed_at,
+            down_at,
+            recovering_at,
+            up_at: Instant::now(),
+        }
     }
 
     /// Stops them; returns once each finished its last intent.

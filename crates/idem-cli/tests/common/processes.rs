@@ -216,14 +216,7 @@ impl Cluster {
         run(as_postgres(standby.dir.path(), "pg_basebackup")
             .arg("-D")
             .arg(&standby.data)
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-            ])
+            .args(self.client_args())
             .args(["-R", "-X", "stream", "--no-sync"]));
         standby.start_again();
         standby
@@ -233,14 +226,7 @@ impl Cluster {
     /// run in a transaction block); what it printed, unaligned, without headers.
     pub fn sql(&self, sql: &str) -> String {
         let output = run(as_postgres(self.dir.path(), "psql")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-            ])
+            .args(self.client_args())
             .args([
                 "-d",
                 "postgres",
@@ -312,6 +298,12 @@ impl Cluster {
     /// What the server logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
+    }
+
+    /// How a client program (psql, pg_basebackup) reaches this server, as `postgres`.
+    fn client_args(&self) -> [String; 6] {
+        let port = self.port.to_string();
+        ["-h", "127.0.0.1", "-p", &port, "-U", "postgres"].map(str::to_owned)
     }
 
     fn pg_ctl(&self) -> Command {
