@@ -213,6 +213,15 @@ impl GatewayConfig {
         self.policy.retention = rules.retention;
         self.in_flight = rules.in_flight;
     }
+
+    /// Applies a configuration file: its `[defaults]` over this configuration's own rules,
+    /// then its routes, each over those defaults.
+    pub fn apply_file(&mut self, file: &ConfigFile) {
+        let mut defaults = self.default_rules();
+        file.defaults.apply(&mut defaults);
+        self.set_default_rules(&defaults);
+        self.routes = file.routes(&defaults);
+    }
 }
 
 /// The path where the gateway publishes its rules, out of the way of upstream paths.

@@ -19,9 +19,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use idem_core::{FencingToken, RecordState, Scope, StoredResponse, Timestamp};
 use idem_gateway::InFlight;
-use idem_store::{ClaimOutcome, NewClaim, OutcomeChannel, Store};
+use idem_store::watched::WatchedStore;
+use idem_store::{OutcomeChannel, Store};
 use idem_tower::OutcomeSignal;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -48,70 +48,6 @@ async fn charge(State(up): State<Upstream>) -> impl IntoResponse {
         [("content-type", "application/json")],
         format!(r#"{{"charge":"ch_{n}"}}"#),
     )
-}
-
-/// A store that reports each claim that found the key in progress. The layer listens for the
-/// outcome before it claims, so once this fires the duplicate is listening: an outcome stored
-/// from then on must reach it through the signal, since it has already read the record.
-#[derive(Debug, Clone)]
-struct Watched<St> {
-    inner: St,
-    waiting: mpsc::UnboundedSender<()>,
-}
-
-impl<St: Store> Store for Watched<St> {
-    async fn get(&self, scope: &Scope) -> idem_store::Result<Option<idem_core::Record>> {
-        self.inner.get(scope).await
-    }
-
-    async fn claim(&self, claim: &NewClaim) -> idem_store::Result<ClaimOutcome> {
-        let outcome = self.inner.claim(claim).await;
-        if let Ok(ClaimOutcome::Existing(record)) = &outcome
-            && matches!(record.state, RecordState::InProgress { .. })
-        {
-            let _ = self.waiting.send(());
-        }
-        outcome
-    }
-
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> idem_store::Result<bool> {
-        self.inner.complete(scope, token, response).await
-    }
-
-    async fn renew(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        lease_until: Timestamp,
-    ) -> idem_store::Result<bool> {
-        self.inner.renew(scope, token, lease_until).await
-    }
-
-    async fn release(&self, scope: &Scope, token: FencingToken) -> idem_store::Result<bool> {
-        self.inner.release(scope, token).await
-    }
-
-    async fn sweep(&self, now: Timestamp, batch: u32) -> idem_store::Result<u64> {
-        self.inner.sweep(now, batch).await
-    }
-}
-
-impl<St: OutcomeChannel> OutcomeChannel for Watched<St> {
-    async fn publish_outcome(&self, label: &str) -> idem_store::Result<()> {
-        self.inner.publish_outcome(label).await
-    }
-
-    async fn listen_outcomes(
-        &self,
-        wake: Arc<dyn Fn(&str) + Send + Sync>,
-    ) -> idem_store::Result<tokio::task::JoinHandle<()>> {
-        self.inner.listen_outcomes(wake).await
-    }
 }
 
 /// The upstream, the events the test awaits, and a client.
@@ -158,10 +94,11 @@ impl Harness {
         let mut config = common::config(self.upstream);
         config.in_flight = in_flight;
         config.outcome_signal = signal;
-        let store = Watched {
-            inner: store,
-            waiting: self.waiting_tx.clone(),
-        };
+        // The layer listens for the outcome before it claims, so once a claim that found the
+        // key in progress is reported, the duplicate is listening: an outcome stored from then
+        // on must reach it through the signal, since it has already read the record.
+        let mut store = WatchedStore::new(store);
+        store.in_progress_claims = Some(self.waiting_tx.clone());
         common::serve(store, config).await
     }
 

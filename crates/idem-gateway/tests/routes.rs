@@ -89,10 +89,7 @@ async fn start<St: Store>(store: St, toml: &str) -> Gateway {
     let clock = ManualClock::new(Timestamp(1_800_000_000_000));
     let mut config = common::config(upstream_addr);
     config.clock = Arc::new(clock.clone());
-    let mut defaults = config.default_rules();
-    file.defaults.apply(&mut defaults);
-    config.set_default_rules(&defaults);
-    config.routes = file.routes(&defaults);
+    config.apply_file(&file);
     Gateway {
         url: common::serve(store, config).await,
         upstream,

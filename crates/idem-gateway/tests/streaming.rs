@@ -93,10 +93,7 @@ async fn start<St: Store>(store: St) -> Gateway {
     tokio::spawn(async move { axum::serve(listener, app).await });
     let file = ConfigFile::parse("[[route]]\nmatch = \"POST /search\"\nkey = \"off\"\n").unwrap();
     let mut config = common::config(upstream_addr);
-    let mut defaults = config.default_rules();
-    file.defaults.apply(&mut defaults);
-    config.set_default_rules(&defaults);
-    config.routes = file.routes(&defaults);
+    config.apply_file(&file);
     Gateway {
         url: common::serve(store, config).await,
         read,

@@ -62,6 +62,8 @@ pub mod conformance;
 pub mod fault_relay;
 #[cfg(all(feature = "conformance", feature = "postgres"))]
 pub mod testing;
+#[cfg(feature = "conformance")]
+pub mod watched;
 
 pub use error::{Error, Result, is_unavailable};
 pub use notify::OutcomeChannel;

@@ -12,10 +12,10 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing;
 use idem_core::{
-    AccountId, Clock, FencingToken, IdempotencyKey, KeyLimits, ManualClock, Policy, Record, Scope,
-    StoredResponse, Timestamp,
+    AccountId, Clock, IdempotencyKey, KeyLimits, ManualClock, Policy, Record, Scope, Timestamp,
 };
-use idem_store::{ClaimOutcome, NewClaim, SqliteStore, SqliteTx, TxClaim};
+use idem_store::watched::WatchedStore;
+use idem_store::{SqliteStore, SqliteTx};
 use idem_tower::{IdempotencyLayer, Outcome, Tx};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
@@ -662,94 +662,6 @@ async fn an_outcome_wait_is_bounded_then_409() {
     a_duplicate_is_in_use_until_the_original_ends(Arc::new(app), "bounded-wait-01").await;
 }
 
-/// SQLite's store, counting the reads that answer replays before a claim, and failing the
-/// first `failing_completes` completions as an unreachable store would. With
-/// `claims_like_reads` it says what Redis's store says of its claims.
-#[derive(Clone, Debug)]
-struct WatchedStore {
-    inner: SqliteStore,
-    reads: Arc<AtomicUsize>,
-    failing_completes: Arc<AtomicUsize>,
-    claims_like_reads: bool,
-}
-
-impl WatchedStore {
-    fn new(inner: SqliteStore) -> Self {
-        Self {
-            inner,
-            reads: Arc::new(AtomicUsize::new(0)),
-            failing_completes: Arc::new(AtomicUsize::new(0)),
-            claims_like_reads: false,
-        }
-    }
-}
-
-impl idem_store::Store for WatchedStore {
-    async fn get(&self, scope: &Scope) -> idem_store::Result<Option<Record>> {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.get(scope).await
-    }
-    async fn claim(&self, claim: &NewClaim) -> idem_store::Result<ClaimOutcome> {
-        self.inner.claim(claim).await
-    }
-    async fn complete(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> idem_store::Result<bool> {
-        let fail = self
-            .failing_completes
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-            return Err(idem_store::Error::Unavailable(Box::new(refused)));
-        }
-        self.inner.complete(scope, token, response).await
-    }
-    async fn renew(
-        &self,
-        scope: &Scope,
-        token: FencingToken,
-        lease_until: Timestamp,
-    ) -> idem_store::Result<bool> {
-        self.inner.renew(scope, token, lease_until).await
-    }
-    async fn release(&self, scope: &Scope, token: FencingToken) -> idem_store::Result<bool> {
-        self.inner.release(scope, token).await
-    }
-    async fn sweep(&self, now: Timestamp, batch: u32) -> idem_store::Result<u64> {
-        self.inner.sweep(now, batch).await
-    }
-    fn claim_answers_like_a_read(&self) -> bool {
-        self.claims_like_reads
-    }
-}
-
-impl idem_store::TransactionalStore for WatchedStore {
-    type Tx = SqliteTx;
-    async fn begin_claim(
-        &self,
-        claim: &NewClaim,
-        wait: Duration,
-    ) -> idem_store::Result<TxClaim<SqliteTx>> {
-        self.inner.begin_claim(claim, wait).await
-    }
-    async fn commit_response(
-        &self,
-        tx: SqliteTx,
-        scope: &Scope,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> idem_store::Result<()> {
-        self.inner.commit_response(tx, scope, token, response).await
-    }
-    async fn rollback(&self, tx: SqliteTx) -> idem_store::Result<()> {
-        self.inner.rollback(tx).await
-    }
-}
-
 #[tokio::test]
 async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
     let (inner, _dir) = sqlite_store().await;
@@ -811,7 +723,7 @@ async fn without_the_replay_read_nothing_is_read_before_the_claim() {
     for (replay_read, claims_like_reads) in [(true, false), (false, false), (true, true)] {
         let (inner, _dir) = sqlite_store().await;
         let mut store = WatchedStore::new(inner);
-        store.claims_like_reads = claims_like_reads;
+        store.claims_like_reads = Some(claims_like_reads);
         let mut layer = IdempotencyLayer::transactional(store.clone());
         if !replay_read {
             layer = layer.without_replay_read();
