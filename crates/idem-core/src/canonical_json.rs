@@ -876,13 +876,20 @@ impl<'a> Parser<'a> {
         char::from_u32(code).ok_or_else(|| self.error("invalid unicode escape"))
     }
 
-    fn array(&mut self, depth: usize) -> Parsed {
+    /// Steps into an array or object at `depth`, past its opening bracket: the index of its
+    /// node, a placeholder until the container's end is known.
+    fn open_container(&mut self, depth: usize) -> Parsed<usize> {
         if depth > MAX_DEPTH {
             return Err(Box::new(JsonError::TooDeep));
         }
         let at = self.doc.nodes.len();
         self.doc.nodes.push(Node::Array { end: at });
         self.pos += 1;
+        Ok(at)
+    }
+
+    fn array(&mut self, depth: usize) -> Parsed {
+        let at = self.open_container(depth)?;
         let mut count = 0usize;
         self.skip_ws();
         if self.peek() == Some(b']') {
@@ -912,12 +919,7 @@ impl<'a> Parser<'a> {
     }
 
     fn object(&mut self, depth: usize) -> Parsed {
-        if depth > MAX_DEPTH {
-            return Err(Box::new(JsonError::TooDeep));
-        }
-        let at = self.doc.nodes.len();
-        self.doc.nodes.push(Node::Array { end: at });
-        self.pos += 1;
+        let at = self.open_container(depth)?;
         let first = self.open.len();
         self.skip_ws();
         if self.peek() != Some(b'}') {
