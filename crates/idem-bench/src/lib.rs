@@ -398,3 +398,21 @@ fn time_micro(env: &workloads::Env) -> Vec<micro::MicroResult> {
         .map(|case| micro::time(case, budget))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_growth_groups_run_only_when_named() {
+        let default = Settings::from_args(&Args::parse_from(["idem-bench"])).unwrap();
+        assert!(!default.groups.is_empty());
+        assert!(default.groups.iter().all(|g| !g.opt_in()));
+        let named = Args::parse_from(["idem-bench", "--only", "growth-sqlite,micro"]);
+        let named = Settings::from_args(&named).unwrap();
+        assert_eq!(named.groups, [Group::Micro, Group::GrowthSqlite]);
+        assert_eq!(named.growth_records, 10_000_000);
+        let quick = Args::parse_from(["idem-bench", "--quick"]);
+        assert_eq!(Settings::from_args(&quick).unwrap().growth_records, 100_000);
+    }
+}

@@ -334,7 +334,7 @@ fn key_tables(tables: &[KeyTable]) -> String {
         .collect();
     format!(
         "\nkey tables (idempotency_keys) as filled, before the first round; filled in: the bulk \
-         INSERT, then VACUUM ANALYZE and a checkpoint\n{}",
+         INSERT, then VACUUM ANALYZE and a checkpoint (SQLite: a WAL checkpoint)\n{}",
         columns(&HEADER, &lines)
     )
 }
