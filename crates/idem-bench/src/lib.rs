@@ -26,6 +26,11 @@
 //! criterion with `cargo bench -p idem-bench`). Last, the peak resident set of `idem serve`
 //! (in a process of its own) with 256 connections open under load.
 //!
+//! Two groups are opt-in, run only when `--only` names them: `growth-postgres` and
+//! `growth-sqlite` fill key tables with millions of records (`--growth-records`) and compare
+//! `idem serve` on them, and while its sweeper deletes expired ones, with `idem serve` on an
+//! empty table.
+//!
 //! `--db-latency-ms 0,0.25,1` runs the PostgreSQL and Redis groups once per latency, with a
 //! relay that holds every chunk that long each way between the servers (pgbench included)
 //! and their database, as if it were on another host; the relay also counts the round trips
@@ -80,9 +85,16 @@ pub struct Args {
     /// Print the report as JSON instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Run only these groups (comma-separated).
+    /// Run only these groups (comma-separated). growth-postgres and growth-sqlite are opt-in:
+    /// they run only when named here (at full size about 5 and 2 minutes, mostly filling the
+    /// key table).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Group>,
+    /// The growth groups' size: live records in growth-postgres's key table (default
+    /// 10,000,000; 100,000 with --quick). growth-sqlite's live records, and each group's
+    /// expired records, are a tenth of it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(10..=1_000_000_000))]
+    pub growth_records: Option<u64>,
     /// Rounds per variant (default 4; 2 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub rounds: Option<u64>,
@@ -143,6 +155,8 @@ pub(crate) struct Settings {
     pub(crate) variants: Vec<String>,
     /// The latencies the database groups run at, in milliseconds, each once, in order.
     pub(crate) db_latencies_ms: Vec<f64>,
+    /// Live records in growth-postgres's key table (a tenth of it for the rest of growth-*).
+    pub(crate) growth_records: u64,
 }
 
 impl Settings {
@@ -161,7 +175,7 @@ impl Settings {
             "--duration-secs must be at least 0.1"
         );
         let groups = if args.only.is_empty() {
-            Group::ALL.to_vec()
+            Group::ALL.into_iter().filter(|g| !g.opt_in()).collect()
         } else {
             // In the full command's order, each once.
             Group::ALL
@@ -191,6 +205,11 @@ impl Settings {
             no_peers: args.no_peers,
             variants: args.variants.clone(),
             db_latencies_ms,
+            growth_records: args.growth_records.unwrap_or(if args.quick {
+                100_000
+            } else {
+                10_000_000
+            }),
         })
     }
 
@@ -284,6 +303,7 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
         machine: report::Machine::read(),
         micro: Vec::new(),
         rows: Vec::new(),
+        key_tables: Vec::new(),
         memory: None,
         wall_secs: 0.0,
     };
@@ -314,8 +334,9 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
             Group::Micro => report.micro = time_micro(&env),
             _ => {
                 for &latency_ms in group.db_latencies_ms(&env.settings) {
-                    let rows = main.block_on(runner::run_group(&env, *group, latency_ms));
-                    report.rows.extend(rows);
+                    let result = main.block_on(runner::run_group(&env, *group, latency_ms));
+                    report.rows.extend(result.rows);
+                    report.key_tables.extend(result.key_tables);
                 }
             }
         }
@@ -376,4 +397,22 @@ fn time_micro(env: &workloads::Env) -> Vec<micro::MicroResult> {
         .into_iter()
         .map(|case| micro::time(case, budget))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_growth_groups_run_only_when_named() {
+        let default = Settings::from_args(&Args::parse_from(["idem-bench"])).unwrap();
+        assert!(!default.groups.is_empty());
+        assert!(default.groups.iter().all(|g| !g.opt_in()));
+        let named = Args::parse_from(["idem-bench", "--only", "growth-sqlite,micro"]);
+        let named = Settings::from_args(&named).unwrap();
+        assert_eq!(named.groups, [Group::Micro, Group::GrowthSqlite]);
+        assert_eq!(named.growth_records, 10_000_000);
+        let quick = Args::parse_from(["idem-bench", "--quick"]);
+        assert_eq!(Settings::from_args(&quick).unwrap().growth_records, 100_000);
+    }
 }

@@ -7,6 +7,7 @@ use serde::Serialize;
 use crate::memory::MemoryResult;
 use crate::micro::MicroResult;
 use crate::runner::{Row, Status};
+use crate::workloads::growth::KeyTable;
 
 /// Everything one invocation measured.
 #[derive(Debug, Clone, Serialize)]
@@ -21,6 +22,9 @@ pub struct Report {
     pub micro: Vec<MicroResult>,
     /// The HTTP workloads.
     pub rows: Vec<Row>,
+    /// The key tables the growth groups filled, and their sizes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub key_tables: Vec<KeyTable>,
     /// `idem serve`'s memory under load, when the group ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryResult>,
@@ -165,6 +169,7 @@ impl Report {
             out.push_str(&columns(&ROW_COLUMNS, &rows));
         }
         out.push_str(&self.latency_table());
+        out.push_str(&key_tables(&self.key_tables));
         if let Some(m) = &self.memory {
             out.push('\n');
             out.push_str(&memory_line(m));
@@ -294,6 +299,44 @@ impl Report {
             missed.join(", ")
         )
     }
+}
+
+/// The key tables' sizes, as filled before the first round; nothing without growth-*.
+fn key_tables(tables: &[KeyTable]) -> String {
+    if tables.is_empty() {
+        return String::new();
+    }
+    const HEADER: [(&str, Align); 8] = [
+        ("key table", Align::Left),
+        ("records", Align::Right),
+        ("filled in s", Align::Right),
+        ("total MiB", Align::Right),
+        ("table MiB", Align::Right),
+        ("indexes MiB", Align::Right),
+        ("file MiB", Align::Right),
+        ("bytes/record", Align::Right),
+    ];
+    let mib = |bytes: Option<u64>| num(bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 1);
+    let lines: Vec<Vec<String>> = tables
+        .iter()
+        .map(|t| {
+            vec![
+                t.label.clone(),
+                t.records.to_string(),
+                format!("{:.1}", t.fill_secs),
+                mib(t.total_bytes),
+                mib(t.table_bytes),
+                mib(t.indexes_bytes),
+                mib(t.file_bytes),
+                num(t.bytes_per_record(), 0),
+            ]
+        })
+        .collect();
+    format!(
+        "\nkey tables (idempotency_keys) as filled, before the first round; filled in: the bulk \
+         INSERT, then VACUUM ANALYZE and a checkpoint (SQLite: a WAL checkpoint)\n{}",
+        columns(&HEADER, &lines)
+    )
 }
 
 /// The memory workload's line.

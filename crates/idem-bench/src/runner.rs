@@ -10,6 +10,7 @@ use crate::Settings;
 use crate::cpu;
 use crate::load::{self, Plan, Sample};
 use crate::stats::median;
+use crate::workloads::growth::KeyTable;
 use crate::workloads::{Comparison, Driver, Entry, Env, Group, Target, Variant};
 
 /// One run of one variant.
@@ -207,9 +208,15 @@ fn run_ms(settings: &Settings) -> u64 {
     (settings.warmup + settings.duration).as_millis() as u64
 }
 
+/// What a group's run reports: its rows, and the key tables it filled (growth-*).
+pub(crate) struct GroupResult {
+    pub(crate) rows: Vec<Row>,
+    pub(crate) key_tables: Vec<KeyTable>,
+}
+
 /// Sets up `group` with `db_latency_ms` between its servers and their database, runs its
 /// rounds and tears it down.
-pub(crate) async fn run_group(env: &Env, group: Group, db_latency_ms: f64) -> Vec<Row> {
+pub(crate) async fn run_group(env: &Env, group: Group, db_latency_ms: f64) -> GroupResult {
     let run = Run {
         group,
         db_latency_ms,
@@ -222,12 +229,17 @@ pub(crate) async fn run_group(env: &Env, group: Group, db_latency_ms: f64) -> Ve
         Err(e) => {
             env.progress
                 .dec_length(planned_ms_once(group, &env.settings));
-            return comparisons
+            let rows = comparisons
                 .iter()
                 .map(|c| Row::not_measured(run, c, Status::Skipped, format!("{e:#}")))
                 .collect();
+            return GroupResult {
+                rows,
+                key_tables: Vec::new(),
+            };
         }
     };
+    let key_tables = prepared.key_tables;
     let selection = Selection::new(&env.settings, prepared.variants, comparisons);
     let skipped_runs = group
         .variant_count()
@@ -237,10 +249,11 @@ pub(crate) async fn run_group(env: &Env, group: Group, db_latency_ms: f64) -> Ve
         .dec_length(skipped_runs as u64 * run_ms(&env.settings));
     let runs = run_rounds(env, run, &selection.variants).await;
     prepared.teardown.run().await;
-    comparisons
+    let rows = comparisons
         .iter()
         .map(|c| selection.row(run, c, &runs))
-        .collect()
+        .collect();
+    GroupResult { rows, key_tables }
 }
 
 /// The variants of a group that run, and why each other one does not.
@@ -342,6 +355,9 @@ async fn run_rounds(env: &Env, run: Run, variants: &[Variant]) -> HashMap<&'stat
 
 /// Loads one variant for one round and measures its CPU over the window.
 async fn run_variant(env: &Env, variant: &Variant, run_tag: &str) -> Result<RunResult, String> {
+    if let Some(before) = &variant.before_run {
+        (before.0)().await.map_err(|e| format!("{e:#}"))?;
+    }
     let settings = &env.settings;
     let plan = Plan {
         concurrency: settings.concurrency,

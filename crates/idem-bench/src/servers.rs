@@ -140,6 +140,14 @@ pub(crate) async fn idem_serve(
 ) -> anyhow::Result<Server> {
     let mut config = idem_cli::serve::ServeConfig::new(database);
     config.replay_read = replay_read;
+    idem_serve_with(runtime, config).await
+}
+
+/// `idem serve` with `config`.
+pub(crate) async fn idem_serve_with(
+    runtime: &Handle,
+    config: idem_cli::serve::ServeConfig,
+) -> anyhow::Result<Server> {
     start(runtime, "/healthz", move |listener, shutdown| {
         idem_cli::serve::serve(listener, config, shutdown)
     })

@@ -7,6 +7,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use crate::relay::{DbUrl, Relay, RelayCounts};
 use crate::servers::{self, Server, StoreUrl, payment_post};
 use crate::{Runtimes, Settings};
 
+pub mod growth;
 mod scale;
 
 /// A group of workloads sharing one set-up; `--only` selects groups.
@@ -49,11 +51,19 @@ pub enum Group {
     ScalePostgres,
     /// The gateway on one Redis against a Redis Cluster of three primaries.
     ScaleRedis,
+    /// Opt-in (about 5 minutes at full size, mostly filling the table): `idem serve` on
+    /// PostgreSQL with 10 million live records, and sweeping 1 million expired ones, against
+    /// an empty key table (`--growth-records`).
+    GrowthPostgres,
+    /// Opt-in (about 2 minutes at full size): `idem serve` on SQLite with 1 million live
+    /// records, and sweeping 1 million expired ones, against an empty key table.
+    GrowthSqlite,
 }
 
 impl Group {
-    /// Every group, in the order the full command runs them.
-    pub const ALL: [Group; 10] = [
+    /// Every group, in the order the full command runs them (the opt-in ones only with
+    /// `--only`).
+    pub const ALL: [Group; 12] = [
         Group::Micro,
         Group::ServeSqlite,
         Group::ServePostgres,
@@ -63,8 +73,15 @@ impl Group {
         Group::PeerLayer,
         Group::ScalePostgres,
         Group::ScaleRedis,
+        Group::GrowthPostgres,
+        Group::GrowthSqlite,
         Group::Memory,
     ];
+
+    /// Whether the group runs only when `--only` names it (it takes minutes to set up).
+    pub fn opt_in(self) -> bool {
+        matches!(self, Group::GrowthPostgres | Group::GrowthSqlite)
+    }
 
     /// The name `--only` takes.
     pub fn name(self) -> &'static str {
@@ -79,6 +96,8 @@ impl Group {
             Group::Memory => "memory",
             Group::ScalePostgres => "scale-postgres",
             Group::ScaleRedis => "scale-redis",
+            Group::GrowthPostgres => "growth-postgres",
+            Group::GrowthSqlite => "growth-sqlite",
         }
     }
 
@@ -93,6 +112,8 @@ impl Group {
             Group::PeerLayer => PEER_LAYER,
             Group::ScalePostgres => scale::SCALE_POSTGRES,
             Group::ScaleRedis => scale::SCALE_REDIS,
+            Group::GrowthPostgres => growth::GROWTH_POSTGRES,
+            Group::GrowthSqlite => growth::GROWTH_SQLITE,
             Group::Micro | Group::Memory => &[],
         }
     }
@@ -141,6 +162,8 @@ impl Group {
             Group::PeerLayer => peer_layer(env).await,
             Group::ScalePostgres => scale::scale_postgres(env).await,
             Group::ScaleRedis => scale::scale_redis(env).await,
+            Group::GrowthPostgres => growth::growth_postgres(env).await,
+            Group::GrowthSqlite => growth::growth_sqlite(env).await,
             Group::Micro | Group::Memory => Ok(Prepared::default()),
         }
     }
@@ -362,6 +385,22 @@ pub(crate) struct Variant {
     pub(crate) children: Vec<(u32, Component)>,
     /// The latency relay's counts, when the variant's database is behind one.
     pub(crate) relay: Option<Arc<RelayCounts>>,
+    /// What to do before each of its runs, outside the measured window.
+    pub(crate) before_run: Option<BeforeRun>,
+}
+
+/// The future a [`BeforeRun`] returns.
+pub(crate) type BeforeRunFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
+
+/// Something a variant does before each of its runs (growth-*: expire the next slice of
+/// records for the sweeper).
+#[derive(Clone)]
+pub(crate) struct BeforeRun(pub(crate) Arc<dyn Fn() -> BeforeRunFuture + Send + Sync>);
+
+impl Debug for BeforeRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BeforeRun")
+    }
 }
 
 impl Variant {
@@ -372,6 +411,7 @@ impl Variant {
             driver: Driver::Http(Arc::new(target)),
             children: Vec::new(),
             relay: None,
+            before_run: None,
         }
     }
 }
@@ -434,6 +474,8 @@ pub(crate) struct Prepared {
     pub(crate) variants: Vec<Entry>,
     /// What to stop afterwards.
     pub(crate) teardown: Teardown,
+    /// The key tables the set-up filled, and their sizes (growth-*).
+    pub(crate) key_tables: Vec<growth::KeyTable>,
 }
 
 impl Prepared {
@@ -614,6 +656,7 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
                 }),
                 children: Vec::new(),
                 relay: None,
+                before_run: None,
             }),
         ),
         Err(why) => (id, Err(why.clone())),
@@ -677,6 +720,7 @@ async fn gateway(env: &Env, store: StoreUrl, store_name: &str) -> anyhow::Result
             ),
         ],
         teardown: Teardown::default(),
+        key_tables: Vec::new(),
     };
     prepared.teardown.servers.extend([upstream, proxy]);
     Ok(Gateway {

@@ -368,7 +368,7 @@ async fn run_on<St: OutcomeChannel>(
     let head_timeout = config.head_timeout;
     let tls = config.tls.clone();
     // Redis expires its records itself too; SQLite and PostgreSQL rely on this alone.
-    let sweeper = crate::sweeper::spawn(store.clone(), config.clock.clone());
+    let sweeper = crate::sweeper::spawn(store.clone(), config.clock.clone(), crate::sweeper::EVERY);
     let gateway = idem_gateway::router(store, config);
     let app = match admin {
         Some(admin) => {

@@ -8,15 +8,19 @@ use idem_core::Clock;
 use idem_store::{Store, sweep_all};
 use tokio::task::JoinHandle;
 
-/// How often the sweeper looks; each statement deletes at most [`BATCH`] rows, so it never
-/// holds locks long enough to stall claims.
-const EVERY: Duration = Duration::from_secs(60);
+/// How often the sweeper looks, unless told otherwise; each statement deletes at most
+/// [`BATCH`] rows, so it never holds locks long enough to stall claims.
+pub(crate) const EVERY: Duration = Duration::from_secs(60);
 const BATCH: u32 = 1000;
 
-/// Starts the sweeper on `store`; every instance may run one at once.
-pub(crate) fn spawn<St: Store>(store: St, clock: Arc<dyn Clock>) -> JoinHandle<()> {
+/// Starts the sweeper on `store`, looking every `every`; every instance may run one at once.
+pub(crate) fn spawn<St: Store>(
+    store: St,
+    clock: Arc<dyn Clock>,
+    every: Duration,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(EVERY);
+        let mut every = tokio::time::interval(every);
         loop {
             every.tick().await;
             match sweep_all(&store, clock.now(), BATCH).await {

@@ -127,6 +127,8 @@ pub struct ServeConfig {
     pub fault_pause_after_publish: bool,
     /// Whether replays are answered from a read before anything is claimed (the default).
     pub replay_read: bool,
+    /// How often the sweeper looks for expired records (a minute; benchmarks look sooner).
+    pub sweep_every: Duration,
 }
 
 /// Where `idem serve` publishes its idempotency rules; its refusals link here.
@@ -158,6 +160,7 @@ impl ServeConfig {
             relay_poll: Duration::from_millis(200),
             fault_pause_after_publish: false,
             replay_read: true,
+            sweep_every: crate::sweeper::EVERY,
         }
     }
 

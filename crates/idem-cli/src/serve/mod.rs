@@ -118,7 +118,8 @@ async fn serve_on<B: Backend>(
     tracing::info!(%addr, database = %redact(&config.database), "idem serve listening");
 
     // The sweeper: every instance may run it; each statement deletes at most 1,000 rows.
-    let sweeper = crate::sweeper::spawn(app.store.clone(), config.clock.clone());
+    let sweeper =
+        crate::sweeper::spawn(app.store.clone(), config.clock.clone(), config.sweep_every);
     let reconciler = payouts::spawn_reconciler(&app);
     let mut background = vec![sweeper.abort_handle(), reconciler.abort_handle()];
     // A relay pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
