@@ -4,38 +4,19 @@
 //! CI machine says little about speed), only that the report has its shape and every number
 //! is a positive measurement.
 
-use std::process::Command;
+mod common;
 
-use serde_json::Value;
-
-fn positive(value: &Value, what: &str) -> f64 {
-    let n = value
-        .as_f64()
-        .unwrap_or_else(|| panic!("{what} is not a number: {value}"));
-    assert!(n > 0.0 && n.is_finite(), "{what} is not positive: {n}");
-    n
-}
+use common::{measured_rows, positive, run_bench};
 
 #[test]
 fn quick_run_of_the_self_contained_workloads() {
-    let out = Command::new(env!("CARGO_BIN_EXE_idem-bench"))
-        .args([
-            "--quick",
-            "--json",
-            "--concurrency",
-            "8",
-            "--only",
-            "micro,serve-sqlite,gateway-sqlite,memory",
-        ])
-        .output()
-        .expect("run idem-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "idem-bench failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    let (report, _) = run_bench(&[
+        "--quick",
+        "--concurrency",
+        "8",
+        "--only",
+        "micro,serve-sqlite,gateway-sqlite,memory",
+    ]);
 
     assert_eq!(report["version"], 1);
     assert_eq!(report["settings"]["quick"], true);
@@ -58,21 +39,16 @@ fn quick_run_of_the_self_contained_workloads() {
         positive(&m["ns_per_op"], "ns_per_op");
     }
 
-    let rows = report["rows"].as_array().expect("rows");
-    let ids: Vec<&str> = rows.iter().map(|r| r["id"].as_str().unwrap()).collect();
-    assert_eq!(
-        ids,
-        [
+    let rows = measured_rows(
+        &report,
+        &[
             "layer-sqlite",
             "layer-sqlite-grouped",
             "replays-sqlite",
-            "gateway-sqlite"
-        ]
+            "gateway-sqlite",
+        ],
     );
-    for row in rows {
-        let id = row["id"].as_str().unwrap();
-        assert_eq!(row["status"], "ok", "{id}: {}", row["reason"]);
-        positive(&row["ratio"], &format!("{id} ratio"));
+    for (id, row) in rows {
         assert_eq!(row["ratio_rounds"].as_array().unwrap().len(), 2, "{id}");
         // The same-writer row informs; the others answer the targets.
         if id != "layer-sqlite-grouped" {

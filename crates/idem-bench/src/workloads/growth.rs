@@ -368,26 +368,17 @@ impl KeyDb {
         let (records, slices) = (records as i64, slices.max(1) as i64);
         match self {
             KeyDb::Postgres(pool) => {
-                sqlx::query(PG_FILL)
-                    .bind(records)
-                    .bind(per_account)
-                    .bind(ACCOUNT)
-                    .bind(now_ms)
-                    .bind(slices)
-                    .bind(RETENTION_MS)
-                    .execute(pool)
-                    .await?;
+                let fill = bind_fill(sqlx::query(PG_FILL), [records, per_account], now_ms, slices);
+                fill.execute(pool).await?;
             }
             KeyDb::Sqlite(pool) => {
-                sqlx::query(SQLITE_FILL)
-                    .bind(records)
-                    .bind(per_account)
-                    .bind(ACCOUNT)
-                    .bind(now_ms)
-                    .bind(slices)
-                    .bind(RETENTION_MS)
-                    .execute(pool)
-                    .await?;
+                let fill = bind_fill(
+                    sqlx::query(SQLITE_FILL),
+                    [records, per_account],
+                    now_ms,
+                    slices,
+                );
+                fill.execute(pool).await?;
             }
         }
         Ok(())
@@ -509,6 +500,29 @@ async fn measure_sqlite(pool: &SqlitePool, table: &mut KeyTable) -> anyhow::Resu
             .map(|(t, i)| t + i);
     }
     Ok(())
+}
+
+/// Binds the fill statement's parameters in the order both backends' statements number them:
+/// how many records and how many per account, the load's account, now, the slices, and the
+/// retention.
+fn bind_fill<'q, DB>(
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+    [records, per_account]: [i64; 2],
+    now_ms: i64,
+    slices: i64,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>
+where
+    DB: sqlx::Database,
+    for<'t> i64: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    for<'t> &'t str: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    query
+        .bind(records)
+        .bind(per_account)
+        .bind(ACCOUNT)
+        .bind(now_ms)
+        .bind(slices)
+        .bind(RETENTION_MS)
 }
 
 #[cfg(test)]
