@@ -17,7 +17,7 @@ use idem_core::{
 
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim, sweep_all,
+    TxClaim, sweep_all, sweep_all_paced,
 };
 
 const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -309,8 +309,12 @@ pub async fn sweep_deletes_expired_in_batches<S: Store>(store: S) {
 
     let now = T0.plus(policy.retention);
     assert_eq!(store.sweep(now, 100).await.unwrap(), 100);
-    // Two sweepers at once delete the rest between them, each row once.
-    let (a, b) = tokio::join!(sweep_all(&store, now, 40), sweep_all(&store, now, 40));
+    // Two sweepers at once (one pausing between its batches) delete the rest between them,
+    // each row once.
+    let (a, b) = tokio::join!(
+        sweep_all(&store, now, 40),
+        sweep_all_paced(&store, now, 40, 1)
+    );
     assert_eq!(a.unwrap() + b.unwrap(), 150);
     assert_eq!(store.sweep(now, 100).await.unwrap(), 0);
     assert!(store.get(&fresh).await.unwrap().is_some());
