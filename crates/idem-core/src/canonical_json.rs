@@ -203,14 +203,14 @@ pub(crate) fn pointer_segments(pointer: &str) -> Result<Vec<String>, JsonError> 
 /// all, each to the document as it was written (leaving out one array element does not shift
 /// what another pointer names).
 #[derive(Debug, Default)]
-struct PointerTree {
+pub(crate) struct PointerTree {
     /// A pointer ends here: this member is selected whole.
-    whole: bool,
+    pub(crate) whole: bool,
     children: Vec<(String, PointerTree)>,
 }
 
 impl PointerTree {
-    fn of<P: AsRef<str>>(pointers: &[P]) -> Result<Self, JsonError> {
+    pub(crate) fn of<P: AsRef<str>>(pointers: &[P]) -> Result<Self, JsonError> {
         let mut root = Self::default();
         for pointer in pointers {
             let mut node = &mut root;
@@ -229,7 +229,7 @@ impl PointerTree {
         Ok(root)
     }
 
-    fn child(&self, name: &[u8]) -> Option<&PointerTree> {
+    pub(crate) fn child(&self, name: &[u8]) -> Option<&PointerTree> {
         self.children
             .iter()
             .find(|(segment, _)| segment.as_bytes() == name)

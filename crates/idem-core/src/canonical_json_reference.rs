@@ -2,7 +2,7 @@
 //! and written into a `Vec`. Kept only so tests can compare the fast one with it, byte for byte
 //! and error for error; nothing else should use it.
 
-use crate::canonical_json::{JsonError, MAX_DEPTH, Selection, pointer_segments};
+use crate::canonical_json::{JsonError, MAX_DEPTH, PointerTree, Selection};
 
 /// The canonical form of `input`, the way it was computed before.
 pub(crate) fn canonical_json(input: &[u8]) -> Result<Vec<u8>, JsonError> {
@@ -33,77 +33,39 @@ pub(crate) fn canonical_json_selected<P: AsRef<str>>(
         Selection::Ignore(pointers) => (pointers, false),
         Selection::Only(pointers) => (pointers, true),
     };
-    PointerTree::of(pointers)?.select(&mut value, keep_selected);
+    select(&PointerTree::of(pointers)?, &mut value, keep_selected);
     let mut out = Vec::with_capacity(input.len());
     value.write(&mut out);
     Ok(out)
 }
 
-/// Pointers merged into a tree of their segments, so one walk of the document applies them
-/// all, each to the document as it was written (removing one array element does not shift
-/// what another pointer names).
-#[derive(Debug, Default)]
-struct PointerTree {
-    /// A pointer ends here: this member is selected whole.
-    whole: bool,
-    children: Vec<(String, PointerTree)>,
-}
-
-impl PointerTree {
-    fn of<P: AsRef<str>>(pointers: &[P]) -> Result<Self, JsonError> {
-        let mut root = Self::default();
-        for pointer in pointers {
-            let mut node = &mut root;
-            for segment in pointer_segments(pointer.as_ref())? {
-                let at = match node.children.iter().position(|(name, _)| *name == segment) {
-                    Some(at) => at,
-                    None => {
-                        node.children.push((segment, Self::default()));
-                        node.children.len() - 1
-                    }
-                };
-                node = &mut node.children[at].1;
-            }
-            node.whole = true;
+/// Applies the selection to `value`: with `keep_selected` (`only`) the members no pointer
+/// leads to go, without it (`ignore`) the members the pointers name go. Members on the way
+/// to a named one are visited in turn; a scalar where a pointer leads deeper stays, since a
+/// member that changed type is a different request.
+fn select(tree: &PointerTree, value: &mut Value<'_>, keep_selected: bool) {
+    let keep = |tree: Option<&PointerTree>, member: &mut Value<'_>| match tree {
+        Some(tree) if tree.whole => keep_selected,
+        Some(tree) => {
+            select(tree, member, keep_selected);
+            true
         }
-        Ok(root)
-    }
-
-    fn child(&self, name: &str) -> Option<&PointerTree> {
-        self.children
-            .iter()
-            .find(|(segment, _)| segment == name)
-            .map(|(_, tree)| tree)
-    }
-
-    /// Applies the selection to `value`: with `keep_selected` (`only`) the members no pointer
-    /// leads to go, without it (`ignore`) the members the pointers name go. Members on the way
-    /// to a named one are visited in turn; a scalar where a pointer leads deeper stays, since a
-    /// member that changed type is a different request.
-    fn select(&self, value: &mut Value<'_>, keep_selected: bool) {
-        let keep = |tree: Option<&PointerTree>, member: &mut Value<'_>| match tree {
-            Some(tree) if tree.whole => keep_selected,
-            Some(tree) => {
-                tree.select(member, keep_selected);
-                true
-            }
-            None => !keep_selected,
-        };
-        // A pointer names an object member by its name, an array element by its index.
-        match value {
-            Value::Object(members) => {
-                members.retain_mut(|(name, member)| keep(self.child(name), member));
-            }
-            Value::Array(items) => {
-                let mut index = 0usize;
-                items.retain_mut(|item| {
-                    let tree = self.child(&index.to_string());
-                    index += 1;
-                    keep(tree, item)
-                });
-            }
-            _ => {}
+        None => !keep_selected,
+    };
+    // A pointer names an object member by its name, an array element by its index.
+    match value {
+        Value::Object(members) => {
+            members.retain_mut(|(name, member)| keep(tree.child(name.as_bytes()), member));
         }
+        Value::Array(items) => {
+            let mut index = 0usize;
+            items.retain_mut(|item| {
+                let child = tree.child(index.to_string().as_bytes());
+                index += 1;
+                keep(child, item)
+            });
+        }
+        _ => {}
     }
 }
 
