@@ -275,7 +275,8 @@ pub async fn sweep_all<S: Store>(store: &S, now: Timestamp, batch: u32) -> Resul
 /// [`sweep_all`], pausing after each full batch `pause_per_busy` times as long as the batch
 /// took, so the sweep takes at most `1 / (1 + pause_per_busy)` of the store's time. Claims
 /// need that time: on SQLite they wait for the same one writer, and 1,000 rows deleted back
-/// to back there held it long enough to cost a server under load a third of its throughput.
+/// to back there held it long enough to cost a server under load a third to a half of its
+/// throughput.
 pub async fn sweep_all_paced<S: Store>(
     store: &S,
     now: Timestamp,
