@@ -1,6 +1,7 @@
 //! The floor: `pgbench` running the SQL transaction `idem serve` commits for a payment (claim
 //! the key, insert the payment, store the response, commit) with nothing around it; and, to
-//! split the gap, pgbench sending every statement `idem serve` sends.
+//! split the gap, pgbench sending every statement `idem serve` sends, pipelined as it sends
+//! them.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -19,8 +20,6 @@ pub(crate) struct Pgbench {
     dir: PathBuf,
     /// Which statements.
     kind: Script,
-    /// At most this many clients (connections), whatever the load's concurrency.
-    max_clients: Option<usize>,
 }
 
 /// `pgbench --version`, or why it cannot run.
@@ -41,11 +40,12 @@ pub(crate) enum Script {
     /// The transaction the issue names as the floor, five statements: BEGIN, claim the key,
     /// insert the payment, store the response, COMMIT.
     Transaction,
-    /// Every statement `idem serve` sends for a first request, six: the layer's read of the
-    /// key before the transaction, BEGIN, the claim (which bounds its own wait with
-    /// `lock_timeout` and restores it), the payment (which retires an expired key's payment
-    /// only when one holds the key), the response, COMMIT. What idem would cost if HTTP and
-    /// the Rust side were free.
+    /// Every statement `idem serve` sends for a first request, five, in its three round
+    /// trips (pgbench's `\startpipeline`): BEGIN with the claim (`ON CONFLICT DO NOTHING`,
+    /// bounding its own wait with `lock_timeout` and restoring it); the payment (which retires
+    /// an expired key's payment only when one holds the key); the response (failing if the
+    /// key row is not the claim's) with COMMIT. What idem would cost if HTTP and the Rust side
+    /// were free.
     IdemStatements,
 }
 
@@ -73,12 +73,15 @@ pub(crate) fn script(kind: Script, now_ms: i64) -> String {
         // idem serve inserts with ON CONFLICT DO NOTHING and retires an expired key's payment
         // only when the insert found one (never, with fresh keys).
         Script::IdemStatements => vec![
-            READ.to_owned(),
+            PIPELINE.to_owned(),
             BEGIN.to_owned(),
             claim(&at, true),
+            END_PIPELINE.to_owned(),
             payment(&at, "\nON CONFLICT (account_id, idem_key) DO NOTHING"),
-            complete(&at),
+            PIPELINE.to_owned(),
+            complete_guarded(&at),
             COMMIT.to_owned(),
+            END_PIPELINE.to_owned(),
         ],
     };
     let mut out = String::from("\\set n random(1, 9000000000000000000)\n");
@@ -122,16 +125,10 @@ impl Values {
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED;\n";
 const COMMIT: &str = "COMMIT;\n";
 
-/// The layer's read of the key, before the transaction.
-const READ: &str =
-    "SELECT request_hash, status, response_code, response_headers::text AS response_headers,
-       response_body, body_omitted,
-       (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
-       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
-       (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
-       fencing_token
-FROM idempotency_keys WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n;
-";
+/// The statements up to [`END_PIPELINE`] are sent before any answer is read, as tokio-postgres
+/// sends the statements idem serve polls together.
+const PIPELINE: &str = "\\startpipeline\n";
+const END_PIPELINE: &str = "\\endpipeline\n";
 
 /// What a bounded claim sets `lock_timeout` to first, keeping the value it had.
 const BOUND_THE_WAIT: &str =
@@ -144,13 +141,21 @@ const BOUND_THE_WAIT: &str =
 const RESTORE_THE_WAIT: &str =
     ",\n    (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)";
 
-/// The claim of the key. idem serve's claim bounds its wait in the same statement (see
-/// PgStore); the floor's transaction claims without a bound, as the issue's five statements do.
+/// The claim of the key. idem serve's claim bounds its wait in the same statement and takes a
+/// key no record holds, `ON CONFLICT DO NOTHING` (see TokioPgStore); the floor's transaction
+/// claims without a bound and with PgStore's `DO UPDATE … WHERE`, as the issue's five
+/// statements do.
 fn claim(at: &Values, bounded: bool) -> String {
-    let (prefix, open, close, returning) = if bounded {
-        (BOUND_THE_WAIT, "SELECT ", " FROM bounded", RESTORE_THE_WAIT)
+    let (prefix, open, close, conflict, returning) = if bounded {
+        (
+            BOUND_THE_WAIT,
+            "SELECT ",
+            " FROM bounded",
+            NEW_ONLY,
+            RESTORE_THE_WAIT,
+        )
     } else {
-        ("", "VALUES (", ")", "")
+        ("", "VALUES (", ")", REPLACING, "")
     };
     let Values {
         now,
@@ -163,7 +168,14 @@ fn claim(at: &Values, bounded: bool) -> String {
         r"{prefix}INSERT INTO idempotency_keys AS k
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
 {open}'acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n{close}
-ON CONFLICT (account_id, idem_key) DO UPDATE SET
+{conflict}
+RETURNING fencing_token{returning};
+"
+    )
+}
+
+/// PgStore's claim: it also replaces a record the claim may replace.
+const REPLACING: &str = "ON CONFLICT (account_id, idem_key) DO UPDATE SET
     request_hash = excluded.request_hash, status = 'in_progress', response_code = NULL,
     response_headers = NULL, response_body = NULL, body_omitted = false,
     created_at = excluded.created_at, expires_at = excluded.expires_at,
@@ -171,11 +183,10 @@ ON CONFLICT (account_id, idem_key) DO UPDATE SET
 WHERE (k.expires_at <= excluded.created_at
        AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
    OR (true AND k.status = 'in_progress' AND k.lease_until <= excluded.created_at
-       AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token{returning};
-"
-    )
-}
+       AND k.request_hash = excluded.request_hash)";
+
+/// TokioPgStore's first claim: a key no record holds.
+const NEW_ONLY: &str = "ON CONFLICT (account_id, idem_key) DO NOTHING";
 
 /// The business INSERT, then `on_conflict` (a clause, or nothing).
 fn payment(at: &Values, on_conflict: &str) -> String {
@@ -189,6 +200,18 @@ VALUES ('pay_pgbench_' || :n, 'acct_alice', 'pgbench-' || :n, 49900, 'INR', 'suc
 
 /// The response stored in the claimed key.
 fn complete(at: &Values) -> String {
+    format!("{};\n", update_response(at))
+}
+
+/// [`complete`] as TokioPgStore sends it: failing when the key row is not the claim's.
+fn complete_guarded(at: &Values) -> String {
+    format!(
+        "WITH completed AS ({}\n  RETURNING 1)\nSELECT 1 / count(*)::int FROM completed;\n",
+        update_response(at)
+    )
+}
+
+fn update_response(at: &Values) -> String {
     let Values {
         headers, body_hex, ..
     } = at;
@@ -197,8 +220,7 @@ fn complete(at: &Values) -> String {
 SET status = 'completed', response_code = 201, response_headers = '{headers}'::jsonb,
     response_body = '\x{body_hex}'::bytea, body_omitted = false
 WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND fencing_token = :n
-  AND status = 'in_progress';
-"
+  AND status = 'in_progress'"
     )
 }
 
@@ -211,14 +233,7 @@ impl Pgbench {
             url: url.to_owned(),
             dir: dir.to_owned(),
             kind,
-            max_clients: None,
         })
-    }
-
-    /// Runs with at most `clients` connections, as a server with a pool of that size has.
-    pub(crate) fn with_max_clients(mut self, clients: usize) -> Self {
-        self.max_clients = Some(clients);
-        self
     }
 
     /// Runs pgbench with `plan.concurrency` clients for the warm-up and the window, and reads
@@ -228,9 +243,7 @@ impl Pgbench {
         // transaction (the first one ends a moment after pgbench starts its clock).
         let total = (plan.warmup + plan.duration).as_secs_f64().ceil() as u64 + 1;
         let prefix = self.dir.join(format!("log-{run}"));
-        let clients = self
-            .max_clients
-            .map_or(plan.concurrency, |max| max.min(plan.concurrency));
+        let clients = plan.concurrency;
         // -M prepared: sqlx prepares its statements too. -j 2: this machine's cores.
         let out = Command::new("pgbench")
             .args(["-n", "-M", "prepared", "-j", "2", "-l"])
@@ -342,16 +355,19 @@ mod tests {
     }
 
     #[test]
-    fn idem_statements_are_six_and_in_order() {
+    fn idem_statements_are_five_in_three_round_trips() {
+        // The last "statement" is the pipeline's end.
         let statements = statements(Script::IdemStatements, 6);
-        assert!(statements[0].contains("SELECT request_hash"));
-        assert!(statements[1].ends_with("BEGIN ISOLATION LEVEL READ COMMITTED"));
-        assert!(statements[2].starts_with("WITH previous AS MATERIALIZED"));
-        assert!(statements[2].contains("INSERT INTO idempotency_keys"));
-        assert!(statements[2].contains("FROM bounded\nON CONFLICT"));
-        assert!(statements[3].contains("INSERT INTO payments"));
-        assert!(statements[3].ends_with("ON CONFLICT (account_id, idem_key) DO NOTHING"));
-        assert_eq!(statements[5], "COMMIT");
+        assert!(statements[0].ends_with("\\startpipeline\nBEGIN ISOLATION LEVEL READ COMMITTED"));
+        assert!(statements[1].starts_with("WITH previous AS MATERIALIZED"));
+        assert!(
+            statements[1].contains("FROM bounded\nON CONFLICT (account_id, idem_key) DO NOTHING")
+        );
+        assert!(statements[2].starts_with("\\endpipeline\nINSERT INTO payments"));
+        assert!(statements[2].ends_with("ON CONFLICT (account_id, idem_key) DO NOTHING"));
+        assert!(statements[3].starts_with("\\startpipeline\nWITH completed AS (UPDATE"));
+        assert_eq!(statements[4], "COMMIT");
+        assert_eq!(statements[5], "\\endpipeline");
     }
 
     #[test]

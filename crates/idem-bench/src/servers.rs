@@ -22,7 +22,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idem_core::{AccountId, Clock, SystemClock};
 use idem_gateway::{GatewayConfig, Secret};
-use idem_store::{PgStore, RedisStore, SqliteStore, Store};
+use idem_store::{PgStore, RedisStore, SqliteStore, Store, TokioPgStore};
 use idem_tower::IdempotencyLayer;
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -131,15 +131,15 @@ where
     .await
 }
 
-/// `idem serve` on `database`, as `idem serve --database DATABASE` runs it (with
-/// `--no-replay-read` unless `replay_read`).
+/// `idem serve` on `database`, as `idem serve --database DATABASE --db-pool-size POOL` runs
+/// it (the pool size matters on PostgreSQL only).
 pub(crate) async fn idem_serve(
     runtime: &Handle,
     database: &str,
-    replay_read: bool,
+    pool: usize,
 ) -> anyhow::Result<Server> {
     let mut config = idem_cli::serve::ServeConfig::new(database);
-    config.replay_read = replay_read;
+    config.db_pool_size = pool;
     idem_serve_with(runtime, config).await
 }
 
@@ -159,7 +159,7 @@ pub(crate) async fn idem_serve_with(
 #[derive(Debug, Clone)]
 enum BareDb {
     Sqlite(SqliteStore),
-    Postgres(PgStore),
+    Postgres(TokioPgStore),
 }
 
 /// The bare handler's state.
@@ -180,14 +180,19 @@ struct Payment {
 
 /// `POST /payments` without the layer, on `database`, which `idem serve` has migrated: the
 /// same authentication, validation and business INSERT in a transaction of its own, as
-/// `idem serve` does for a keyless request.
-pub(crate) async fn bare_payments(runtime: &Handle, database: &str) -> anyhow::Result<Server> {
+/// `idem serve` does for a keyless request, on the same client and a pool of `pool`
+/// connections on PostgreSQL.
+pub(crate) async fn bare_payments(
+    runtime: &Handle,
+    database: &str,
+    pool: usize,
+) -> anyhow::Result<Server> {
     let database = database.to_owned();
     start_app(runtime, "/payments", move || async move {
         let db = if database.starts_with("sqlite:") {
             BareDb::Sqlite(SqliteStore::connect(&database).await?)
         } else {
-            BareDb::Postgres(PgStore::connect(&database).await?)
+            BareDb::Postgres(TokioPgStore::connect(&database).await?.with_pool_size(pool))
         };
         let tokens = Arc::new(HashMap::from([(TOKEN.to_owned(), AccountId::new(ACCOUNT))]));
         Ok(Router::new()
@@ -273,9 +278,7 @@ async fn bare_create<const GROUPED: bool>(
         BareDb::Postgres(_) if GROUPED => {
             return (StatusCode::NOT_FOUND, "group commit is SQLite's").into_response();
         }
-        BareDb::Postgres(store) => insert_pg(store, account.as_str(), &payment)
-            .await
-            .map_err(Into::into),
+        BareDb::Postgres(store) => insert_pg(store, account.as_str(), &payment).await,
     };
     match inserted {
         Ok(()) => (
@@ -314,11 +317,40 @@ async fn insert_sqlite_grouped(
     tx.commit().await
 }
 
-async fn insert_pg(store: &PgStore, account: &str, payment: &Payment) -> Result<(), sqlx::Error> {
-    let mut tx = store.pool().begin().await?;
-    payment_insert(PG_INSERT, account, payment)
-        .execute(&mut *tx)
+async fn insert_pg(
+    store: &TokioPgStore,
+    account: &str,
+    payment: &Payment,
+) -> Result<(), idem_store::Error> {
+    use tokio_postgres::types::{ToSql, Type};
+    let tx = store.begin().await?;
+    let insert = tx
+        .prepare_typed_cached(
+            PG_INSERT,
+            &[
+                Type::TEXT,
+                Type::TEXT,
+                Type::TEXT,
+                Type::INT8,
+                Type::TEXT,
+                Type::TEXT,
+                Type::TEXT,
+                Type::INT8,
+            ],
+        )
         .await?;
+    let (key, reference) = (None::<&str>, None::<&str>);
+    let params: [&(dyn ToSql + Sync); 8] = [
+        &payment.id,
+        &account,
+        &key,
+        &payment.amount,
+        &payment.currency,
+        &payment.status,
+        &reference,
+        &payment.created_at,
+    ];
+    tx.execute(&insert, &params).await?;
     tx.commit().await
 }
 

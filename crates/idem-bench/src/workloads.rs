@@ -278,13 +278,6 @@ const SERVE_POSTGRES: &[Comparison] = &[
         at_least(0.8),
     ),
     Comparison::new(
-        "floor-pgbench-pool",
-        "floor: pgbench, idem's pool size",
-        "pgbench-pool",
-        "idem",
-        None,
-    ),
-    Comparison::new(
         "floor-statements",
         "pgbench sending idem's statements",
         "pgbench-idem",
@@ -297,20 +290,6 @@ const SERVE_POSTGRES: &[Comparison] = &[
         "idem",
         "replay",
         at_least(3.0),
-    ),
-    Comparison::new(
-        "floor-claim-first",
-        "floor, without the replay read",
-        "pgbench",
-        "claim-first",
-        None,
-    ),
-    Comparison::new(
-        "replays-claim-first",
-        "replays, without the replay read",
-        "claim-first",
-        "claim-first-replay",
-        None,
     ),
 ];
 
@@ -513,11 +492,6 @@ async fn db_route(
     Ok((parsed.through(relay.addr()), Some(relay)))
 }
 
-/// The connections in `idem serve`'s PostgreSQL pool (`PgStore::connect`). pgbench runs one
-/// connection per client, so with the database on another host, where each connection waits
-/// a round trip per statement, pgbench with this many clients is the floor on equal terms.
-const IDEM_PG_POOL: usize = 10;
-
 /// How many keys a replay workload cycles through.
 const REPLAY_KEYS: usize = 2000;
 
@@ -574,8 +548,10 @@ async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
     let mut prepared = Prepared::default();
     prepared.teardown.keep(dir);
     // idem serve first: it creates the payments table the bare handler writes to.
-    let idem = servers::idem_serve(&env.runtimes.subject, &url, true).await?;
-    let bare = servers::bare_payments(&env.runtimes.subject, &url).await?;
+    // (The pool size is PostgreSQL's.)
+    let pool = idem_store::DEFAULT_POOL_SIZE;
+    let idem = servers::idem_serve(&env.runtimes.subject, &url, pool).await?;
+    let bare = servers::bare_payments(&env.runtimes.subject, &url, pool).await?;
     let fresh = payment_post(&idem.url("/payments"));
     let replay = replay_variant(env, &fresh, "replay", "idem serve, replays").await;
     prepared.variants = vec![
@@ -630,30 +606,22 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
     let (url, relay) = db_route(env, db.url(), db_latency_ms).await?;
     let dir = tempfile::tempdir()?;
     let mut prepared = Prepared::default();
-    let idem = servers::idem_serve(&env.runtimes.subject, &url, true).await?;
-    let claim_first = servers::idem_serve(&env.runtimes.subject, &url, false).await?;
-    let bare = servers::bare_payments(&env.runtimes.subject, &url).await?;
+    // One connection per concurrent request, as pgbench has one per client: the floor on
+    // equal terms, also with the database a round trip away, where each request holds its
+    // connection for its round trips.
+    let pool = env.settings.concurrency;
+    let idem = servers::idem_serve(&env.runtimes.subject, &url, pool).await?;
+    let bare = servers::bare_payments(&env.runtimes.subject, &url, pool).await?;
     let fresh = payment_post(&idem.url("/payments"));
-    let fresh_claim_first = payment_post(&claim_first.url("/payments"));
     let replay = replay_variant(env, &fresh, "replay", "idem serve, replays").await;
-    let replay_claim_first = replay_variant(
-        env,
-        &fresh_claim_first,
-        "claim-first-replay",
-        "idem serve --no-replay-read, replays",
-    )
-    .await;
     let available = pgbench::available().await;
-    let pgbench = |id, label: &str, script, clients: Option<usize>| match &available {
+    let pgbench = |id, label: &str, script| match &available {
         Ok(_) => entry(
             id,
             Pgbench::new(&url, dir.path(), script, SystemClock.now().0).map(|p| Variant {
                 id,
                 label: label.into(),
-                driver: Driver::Pgbench(match clients {
-                    Some(clients) => p.with_max_clients(clients),
-                    None => p,
-                }),
+                driver: Driver::Pgbench(p),
                 children: Vec::new(),
                 relay: None,
                 before_run: None,
@@ -665,32 +633,14 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
         bare_variant(&bare),
         ready("idem", "idem serve", fresh),
         entry("replay", replay),
-        pgbench(
-            "pgbench",
-            "pgbench, same transaction",
-            Script::Transaction,
-            None,
-        ),
-        pgbench(
-            "pgbench-pool",
-            &format!("pgbench, same transaction, {IDEM_PG_POOL} clients"),
-            Script::Transaction,
-            Some(IDEM_PG_POOL),
-        ),
+        pgbench("pgbench", "pgbench, same transaction", Script::Transaction),
         pgbench(
             "pgbench-idem",
-            "pgbench, idem's 6 statements",
+            "pgbench, idem's statements, pipelined",
             Script::IdemStatements,
-            None,
         ),
-        ready(
-            "claim-first",
-            "idem serve --no-replay-read",
-            fresh_claim_first,
-        ),
-        entry("claim-first-replay", replay_claim_first),
     ];
-    prepared.teardown.servers.extend([idem, claim_first, bare]);
+    prepared.teardown.servers.extend([idem, bare]);
     // Servers stop before the relay and the database are dropped.
     prepared.behind(relay);
     prepared.teardown.keep(dir);

@@ -19,7 +19,7 @@ use idem_consumer::{
     Processed,
 };
 use idem_core::{Clock, SystemClock};
-use idem_store::{PgStore, SqliteStore};
+use idem_store::{SqliteStore, TokioPgStore};
 use serde::Deserialize;
 use tokio::task::JoinHandle;
 
@@ -78,7 +78,7 @@ pub struct WorkerArgs {
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     match StoreUrl::parse_database(&args.database)? {
         StoreUrl::Sqlite(url) => work(SqliteStore::open_service(&url).await?, &args).await,
-        StoreUrl::Postgres(url) => work(PgStore::open_service(&url).await?, &args).await,
+        StoreUrl::Postgres(url) => work(TokioPgStore::open_service(&url).await?, &args).await,
         StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
     }
 }

@@ -112,8 +112,10 @@ where
 const INSERT_PROCESSED: &str = "INSERT INTO processed_events (consumer, event_id, processed_at)
      VALUES ($1, $2, $3) ON CONFLICT DO NOTHING";
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-const INSERT_OUTBOX: &str =
+/// The statement [`enqueue`](crate::enqueue) runs, for a transaction of another client than
+/// sqlx's (tokio-postgres): it binds the event id, the topic, the payload and the time in Unix
+/// milliseconds, in that order. The same text on both databases.
+pub const INSERT_OUTBOX: &str =
     "INSERT INTO outbox (event_id, topic, payload, created_at) VALUES ($1, $2, $3, $4)";
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

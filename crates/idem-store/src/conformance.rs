@@ -402,6 +402,119 @@ pub async fn transaction_wait_is_bounded<S: TransactionalStore>(store: S) {
     store.rollback(tx).await.unwrap();
 }
 
+/// Begins a transaction that must claim `claim`, and commits `body` as its response.
+async fn claims_in_tx<S: TransactionalStore>(store: &S, claim: &NewClaim, body: &str) {
+    match store
+        .begin_claim(claim, Duration::from_secs(10))
+        .await
+        .unwrap()
+    {
+        TxClaim::Claimed(tx) => store
+            .commit_response(tx, &claim.scope, claim.token, &response(body))
+            .await
+            .unwrap(),
+        other => panic!("expected to claim {:?}, got {other:?}", claim.scope),
+    }
+}
+
+/// What a transaction's claim found, when it must not claim.
+async fn found_in_tx<S: TransactionalStore>(store: &S, claim: &NewClaim) -> idem_core::Record {
+    match store
+        .begin_claim(claim, Duration::from_secs(10))
+        .await
+        .unwrap()
+    {
+        TxClaim::Existing(record) => record,
+        TxClaim::Claimed(tx) => {
+            store.rollback(tx).await.unwrap();
+            panic!("claimed {:?}, which a record holds", claim.scope)
+        }
+        TxClaim::Busy => panic!("a 10 s wait ran out"),
+    }
+}
+
+/// In a transaction as in lease mode, a committed record answers a claim (a replay, a
+/// mismatch) until its retention ends; then the next claim replaces it, in a transaction that
+/// commits the new request's record, or rolls back and leaves the old one.
+pub async fn transaction_mode_replaces_an_expired_record<S: TransactionalStore>(store: S) {
+    let key = scope("acct_a", "tx-expired-01");
+    let (fp, other) = (fingerprint("{}"), fingerprint(r#"{"b":2}"#));
+    let retention = Policy::default().retention;
+    claims_in_tx(&store, &claim_at(&key, fp, 1, T0), "first").await;
+
+    let before = T0.plus(retention - Duration::from_millis(1));
+    let replay = found_in_tx(&store, &claim_at(&key, fp, 2, before)).await;
+    assert!(
+        matches!(decide(Some(&replay), &fp, before), Decision::Replay(r) if r.body == b"first")
+    );
+    let mismatch = found_in_tx(&store, &claim_at(&key, other, 3, before)).await;
+    assert_eq!(decide(Some(&mismatch), &other, before), Decision::Mismatch);
+
+    let expired = T0.plus(retention);
+    let TxClaim::Claimed(tx) = store
+        .begin_claim(&claim_at(&key, other, 4, expired), Duration::from_secs(10))
+        .await
+        .unwrap()
+    else {
+        panic!("an expired record must give way")
+    };
+    store.rollback(tx).await.unwrap();
+    let kept = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        (kept.fingerprint, kept.created_at),
+        (fp, T0),
+        "the rollback keeps the old record"
+    );
+
+    claims_in_tx(&store, &claim_at(&key, other, 5, expired), "second").await;
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!((record.fingerprint, record.created_at), (other, expired));
+    assert!(
+        matches!(decide(Some(&record), &other, expired), Decision::Replay(r) if r.body == b"second")
+    );
+}
+
+/// A lease-mode claim of the same request whose lease ran out (its worker crashed) is taken
+/// over by a transaction's claim, unless take-over is off; a different request's is not.
+pub async fn transaction_mode_takes_over_only_a_stale_lease_of_the_same_request<
+    S: TransactionalStore,
+>(
+    store: S,
+) {
+    let key = scope("acct_a", "tx-stale-0001");
+    let (fp, other) = (fingerprint("{}"), fingerprint(r#"{"c":3}"#));
+    claims(&store, &key, fp, 1, T0).await;
+    let live = T0.plus(Policy::default().lease / 2);
+    let running = found_in_tx(&store, &claim_at(&key, fp, 2, live)).await;
+    assert!(matches!(
+        decide(Some(&running), &fp, live),
+        Decision::InFlight { .. }
+    ));
+
+    let stale = T0.plus(Policy::default().lease_hold() + Duration::from_secs(1));
+    let mismatch = found_in_tx(&store, &claim_at(&key, other, 3, stale)).await;
+    assert_eq!(decide(Some(&mismatch), &other, stale), Decision::Mismatch);
+    let mut no_takeover = claim_at(&key, fp, 4, stale);
+    no_takeover.take_over_expired_lease = false;
+    let left = found_in_tx(&store, &no_takeover).await;
+    assert_eq!(
+        decide(Some(&left), &fp, stale),
+        Decision::LeaseExpired {
+            token: FencingToken(1)
+        }
+    );
+
+    claims_in_tx(&store, &claim_at(&key, fp, 5, stale), "taken over").await;
+    assert!(
+        !completes(&store, &key, 1, "late").await,
+        "the old holder is fenced out"
+    );
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert!(
+        matches!(decide(Some(&record), &fp, stale), Decision::Replay(r) if r.body == b"taken over")
+    );
+}
+
 /// Operators list records by account, state and expired lease, purge one, and complete an
 /// in-progress one whatever its token.
 pub async fn admin_lists_purges_and_force_completes<S: AdminStore>(store: S) {
@@ -564,6 +677,11 @@ macro_rules! admin_conformance {
 #[macro_export]
 macro_rules! transactional_conformance {
     ($make:expr) => {
-        $crate::tests_per_store!($make => [$crate::conformance]; transaction_mode_commits_or_rolls_back, transaction_wait_is_bounded);
+        $crate::tests_per_store!($make => [$crate::conformance];
+            transaction_mode_commits_or_rolls_back,
+            transaction_wait_is_bounded,
+            transaction_mode_replaces_an_expired_record,
+            transaction_mode_takes_over_only_a_stale_lease_of_the_same_request,
+        );
     };
 }

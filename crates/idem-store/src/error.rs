@@ -6,7 +6,8 @@
 #[non_exhaustive]
 pub enum Error {
     /// The store could not be reached, or no connection was free in time. The cause is the
-    /// backend driver's error (`sqlx::Error`, `redis::RedisError`).
+    /// backend driver's error (`sqlx::Error`, `tokio_postgres::Error`, deadpool's `PoolError`,
+    /// `redis::RedisError`).
     #[error("the idempotency store is unavailable")]
     Unavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The database answered with an error.
@@ -19,6 +20,11 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[error("the PostgreSQL URL of the idempotency store is invalid")]
     Url(#[source] crate::PgUrlError),
+    /// PostgreSQL, through tokio-postgres ([`TokioPgStore`](crate::TokioPgStore)), answered
+    /// with an error.
+    #[cfg(feature = "tokio-postgres")]
+    #[error("the PostgreSQL idempotency store failed")]
+    Postgres(#[source] tokio_postgres::Error),
     /// Redis answered with an error.
     #[cfg(feature = "redis")]
     #[error("the Redis idempotency store failed")]
@@ -44,6 +50,46 @@ impl From<sqlx::Error> for Error {
     }
 }
 
+#[cfg(feature = "tokio-postgres")]
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if client_error_is_unavailable(&e) {
+            Error::Unavailable(Box::new(e))
+        } else {
+            Error::Postgres(e)
+        }
+    }
+}
+
+#[cfg(feature = "tokio-postgres")]
+impl From<deadpool_postgres::PoolError> for Error {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            // A wait for a free connection that ran out, a connection that could not be made in
+            // time, a pool shut down: the store cannot be reached for now.
+            other => Error::Unavailable(Box::new(other)),
+        }
+    }
+}
+
+impl Error {
+    /// Whether the database refused a write for breaking a unique constraint: for a business
+    /// table with its own `UNIQUE (account_id, idem_key)`, a duplicate that got past the layer.
+    pub fn is_unique_violation(&self) -> bool {
+        match self {
+            Error::Database(e) => e
+                .as_database_error()
+                .is_some_and(|db| db.is_unique_violation()),
+            #[cfg(feature = "tokio-postgres")]
+            Error::Postgres(e) => {
+                e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The store's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -58,14 +104,28 @@ pub fn is_unavailable(e: &sqlx::Error) -> bool {
         | sqlx::Error::PoolClosed
         | sqlx::Error::Tls(_)
         | sqlx::Error::WorkerCrashed => true,
-        // Class 08: connection exceptions; 53300: too many connections; 57P01-03: the server
-        // is shutting down, crashed, or cannot accept connections yet; 25006
-        // (read_only_sql_transaction): a standby, or a primary demoted under the session,
-        // refused a write, and the primary is elsewhere for now.
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            code.starts_with("08")
-                || matches!(&*code, "53300" | "57P01" | "57P02" | "57P03" | "25006")
-        }),
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| sqlstate_is_unavailable(&code)),
         _ => false,
+    }
+}
+
+/// Class 08: connection exceptions; 53300: too many connections; 57P01-03: the server is
+/// shutting down, crashed, or cannot accept connections yet; 25006 (read_only_sql_transaction):
+/// a standby, or a primary demoted under the session, refused a write, and the primary is
+/// elsewhere for now.
+fn sqlstate_is_unavailable(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "53300" | "57P01" | "57P02" | "57P03" | "25006")
+}
+
+/// [`is_unavailable`] for tokio-postgres: the SQLSTATEs it names, a closed connection, or a
+/// failure to reach the server at all (an I/O error, a refused or timed-out connect).
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn client_error_is_unavailable(e: &tokio_postgres::Error) -> bool {
+    match e.as_db_error() {
+        Some(db) => sqlstate_is_unavailable(db.code().code()),
+        None => {
+            e.is_closed()
+                || std::error::Error::source(e).is_some_and(|cause| cause.is::<std::io::Error>())
+        }
     }
 }

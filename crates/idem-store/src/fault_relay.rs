@@ -111,6 +111,9 @@ pub struct RelayStats {
     pub resets: u64,
     /// Chunks delayed by a latency spike.
     pub delayed_chunks: u64,
+    /// Round trips: client chunks that followed an answer on their connection (or opened it).
+    /// Statements a client pipelines, sent before it reads any answer, count once.
+    pub round_trips: u64,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +121,7 @@ struct Counters {
     connections: AtomicU64,
     resets: AtomicU64,
     delayed_chunks: AtomicU64,
+    round_trips: AtomicU64,
 }
 
 /// A TCP relay with switchable faults; see the [module](self). Dropping it stops its tasks
@@ -209,6 +213,7 @@ impl FaultRelay {
             connections: self.counters.connections.load(Ordering::Relaxed),
             resets: self.counters.resets.load(Ordering::Relaxed),
             delayed_chunks: self.counters.delayed_chunks.load(Ordering::Relaxed),
+            round_trips: self.counters.round_trips.load(Ordering::Relaxed),
         }
     }
 
@@ -298,6 +303,9 @@ async fn connection(
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    // Whether the server answered since the client last sent: the client's next chunk starts
+    // a round trip.
+    let answered = std::sync::atomic::AtomicBool::new(true);
     let end = {
         let (client_read, client_write) = client.split();
         let (server_read, server_write) = server.split();
@@ -308,7 +316,7 @@ async fn connection(
             server_write,
             id,
             state.clone(),
-            &counters,
+            (&counters, &answered),
             &mut rng,
         );
         let down = pump(
@@ -317,7 +325,7 @@ async fn connection(
             client_write,
             id,
             state,
-            &counters,
+            (&counters, &answered),
             &mut rng_down,
         );
         tokio::pin!(up, down);
@@ -363,7 +371,7 @@ async fn pump(
     mut to: impl AsyncWrite + Unpin,
     id: u64,
     mut state: watch::Receiver<State>,
-    counters: &Counters,
+    (counters, answered): (&Counters, &std::sync::atomic::AtomicBool),
     rng: &mut StdRng,
 ) -> End {
     let mut buf = vec![0; 16 * 1024];
@@ -375,6 +383,13 @@ async fn pump(
             }
             Ok(n) => n,
         };
+        match flow {
+            Direction::ToTarget if answered.swap(false, Ordering::Relaxed) => {
+                counters.round_trips.fetch_add(1, Ordering::Relaxed);
+            }
+            Direction::ToClient => answered.store(true, Ordering::Relaxed),
+            _ => {}
+        }
         if !flowing(&mut state, id, Some(flow)).await {
             return End::Gone;
         }
@@ -435,6 +450,9 @@ mod tests {
         let mut stream = TcpStream::connect(relay.addr()).await.unwrap();
         assert_eq!(round_trip(&mut stream, b"hello").await.unwrap(), b"hello");
         assert_eq!(relay.stats().connections, 1);
+        assert_eq!(relay.stats().round_trips, 1);
+        round_trip(&mut stream, b"again").await.unwrap();
+        assert_eq!(relay.stats().round_trips, 2);
     }
 
     #[tokio::test]

@@ -80,9 +80,32 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 // retention and not held by a live lease; or, if allowed, a stale claim of the same request).
 // One statement, so two claims can never both win. `excluded.created_at` is the claim's "now".
 // `$before` and `$after` wrap the claimed row's values ($1 to $7): `VALUES (…)` here, a
-// `SELECT … FROM` a CTE in transaction mode. (A macro, so that `concat!` can wrap it.)
+// `SELECT … FROM` a CTE in transaction mode. With `new_only` it claims only a key no record
+// holds, `ON CONFLICT DO NOTHING`, which neither writes nor locks a row it finds (TokioPgStore
+// claims so first, and replaces a record with the full statement only when it found one it
+// may replace). (A macro, so that `concat!` can wrap it.)
 macro_rules! claim_sql {
     ($before:literal, $after:literal) => {
+        concat!(
+            $crate::postgres::claim_sql!(@insert $before, $after),
+            crate::sql::claim_replaces_with!(),
+            "WHERE (k.expires_at <= excluded.created_at
+       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
+   OR ($8 AND k.status = 'in_progress'
+       AND k.lease_until <= excluded.created_at
+       AND k.request_hash = excluded.request_hash)
+RETURNING fencing_token"
+        )
+    };
+    ($before:literal, $after:literal, new_only) => {
+        concat!(
+            $crate::postgres::claim_sql!(@insert $before, $after),
+            "
+ON CONFLICT (account_id, idem_key) DO NOTHING
+RETURNING fencing_token"
+        )
+    };
+    (@insert $before:literal, $after:literal) => {
         concat!(
             "
 INSERT INTO idempotency_keys AS k
@@ -95,19 +118,14 @@ INSERT INTO idempotency_keys AS k
         to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
         $7",
             $after,
-            crate::sql::claim_replaces_with!(),
-            "WHERE (k.expires_at <= excluded.created_at
-       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
-   OR ($8 AND k.status = 'in_progress'
-       AND k.lease_until <= excluded.created_at
-       AND k.request_hash = excluded.request_hash)
-RETURNING fencing_token"
         )
     };
 }
+pub(crate) use claim_sql;
+
 const CLAIM: &str = claim_sql!("VALUES (", ")");
 
-const SELECT: &str = "
+pub(crate) const SELECT: &str = "
 SELECT request_hash, status, response_code, response_headers::text AS response_headers,
        response_body, body_omitted,
        (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
@@ -118,13 +136,20 @@ FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2";
 
 // Completes an in-progress record: the one the claim holding the token $3 holds, or, with $3
 // NULL, whatever claim holds it (an operator's `force_complete`). One statement, so the token
-// is matched by the write itself.
-const COMPLETE: &str = "
+// is matched by the write itself. (A macro, so that TokioPgStore's guarded form can wrap it.)
+macro_rules! complete_sql {
+    () => {
+        "
 UPDATE idempotency_keys
 SET status = 'completed', response_code = $4, response_headers = $5::jsonb, response_body = $6,
     body_omitted = $7
 WHERE account_id = $1 AND idem_key = $2 AND ($3::bigint IS NULL OR fencing_token = $3)
-  AND status = 'in_progress'";
+  AND status = 'in_progress'"
+    };
+}
+pub(crate) use complete_sql;
+
+const COMPLETE: &str = complete_sql!();
 
 const RENEW: &str = "
 UPDATE idempotency_keys
@@ -151,7 +176,7 @@ WHERE k.account_id = doomed.account_id AND k.idem_key = doomed.idem_key";
 
 // READ COMMITTED (whatever the server's default) is what makes a blocked duplicate see the
 // first transaction's committed row once it is let through.
-const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 // The claim inside a transaction (transaction mode): CLAIM with its wait bounded by
 // `lock_timeout` ($9), in one round trip instead of three (set, claim, restore). The
@@ -159,16 +184,25 @@ const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 // produced, so before the insert can block on a concurrent claim's row (PostgreSQL reads
 // `lock_timeout` when a wait starts). RETURNING puts the old setting back once the key is
 // ours: the handler's own writes should not inherit the claim's (possibly nearly spent) wait.
-// A claim that loses or times out ends in a rollback, which undoes the setting anyway.
-const CLAIM_WITH_LOCK_TIMEOUT: &str = concat!(
-    "
+// A claim that loses or times out ends in a rollback, which undoes the setting anyway. With
+// `new_only`, the same around the `ON CONFLICT DO NOTHING` claim. (A macro, so that both forms
+// are one text.)
+macro_rules! bounded_claim {
+    ($($new_only:ident)?) => {
+        concat!(
+            "
 WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
      bounded AS MATERIALIZED (
          SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)",
-    claim_sql!("SELECT ", "\nFROM bounded"),
-    ",
+            $crate::postgres::claim_sql!("SELECT ", "\nFROM bounded" $(, $new_only)?),
+            ",
           (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)"
-);
+        )
+    };
+}
+pub(crate) use bounded_claim;
+
+const CLAIM_WITH_LOCK_TIMEOUT: &str = bounded_claim!();
 
 impl PgStore {
     /// Connects to the database named by a URL such as `postgres://user@host/db` (a pool of
@@ -238,7 +272,7 @@ impl PgStore {
         result
     }
 
-    fn look_for_primary(&self) {
+    pub(crate) fn look_for_primary(&self) {
         if let Some(primary) = &self.primary {
             primary.search(&self.pool);
         }
@@ -317,12 +351,12 @@ fn is_lock_timeout(e: &sqlx::Error) -> bool {
 
 /// `lock_timeout` for a wait, rounded up to whole milliseconds and at least one: zero would
 /// mean no limit at all.
-fn lock_timeout_setting(wait: Duration) -> String {
+pub(crate) fn lock_timeout_setting(wait: Duration) -> String {
     let ms = wait.as_micros().div_ceil(1000).clamp(1, i32::MAX as u128);
     format!("{ms}ms")
 }
 
-fn vanished(scope: &Scope) -> Error {
+pub(crate) fn vanished(scope: &Scope) -> Error {
     Error::Raced(format!(
         "a claim of key {} kept losing to records that vanished before they could be read",
         scope.log_label()

@@ -205,3 +205,33 @@ fn stored_scope(account: String, key: String) -> Result<Scope> {
         .map_err(|e| Error::Corrupt(format!("a stored key is invalid: {e}")))?;
     Ok(Scope::new(AccountId::new(account), key))
 }
+
+/// [`record_from_row`] for a row tokio-postgres read (`TokioPgStore`), of the same columns.
+#[cfg(feature = "tokio-postgres")]
+pub(crate) fn record_from_client_row(scope: &Scope, row: &tokio_postgres::Row) -> Result<Record> {
+    let corrupt = |e: tokio_postgres::Error| {
+        Error::Corrupt(format!(
+            "an unreadable row for key {}: {e}",
+            scope.log_label()
+        ))
+    };
+    let columns = RecordColumns {
+        request_hash: row.try_get("request_hash").map_err(corrupt)?,
+        status: row.try_get("status").map_err(corrupt)?,
+        created_at: row.try_get("created_at").map_err(corrupt)?,
+        expires_at: row.try_get("expires_at").map_err(corrupt)?,
+        lease_until: row.try_get("lease_until").map_err(corrupt)?,
+        fencing_token: row.try_get("fencing_token").map_err(corrupt)?,
+    };
+    columns.into_record(scope, || {
+        Ok(ResponseColumns {
+            code: row
+                .try_get::<_, i32>("response_code")
+                .map_err(corrupt)?
+                .into(),
+            headers: row.try_get("response_headers").map_err(corrupt)?,
+            body: row.try_get("response_body").map_err(corrupt)?,
+            body_omitted: row.try_get("body_omitted").map_err(corrupt)?,
+        })
+    })
+}

@@ -26,7 +26,8 @@ pub struct WatchedStore<S> {
     pub failing_completes: Arc<AtomicUsize>,
     /// Told once for each claim that found its key held by another request.
     pub in_progress_claims: Option<mpsc::UnboundedSender<()>>,
-    /// What [`Store::claim_answers_like_a_read`] says, if not what `inner` says.
+    /// What [`Store::claim_answers_like_a_read`] and
+    /// [`TransactionalStore::begin_claim_answers_like_a_read`] say, if not what `inner` says.
     pub claims_like_reads: Option<bool>,
 }
 
@@ -102,6 +103,11 @@ impl<S: Store> Store for WatchedStore<S> {
 
 impl<S: TransactionalStore> TransactionalStore for WatchedStore<S> {
     type Tx = S::Tx;
+
+    fn begin_claim_answers_like_a_read(&self) -> bool {
+        self.claims_like_reads
+            .unwrap_or_else(|| self.inner.begin_claim_answers_like_a_read())
+    }
 
     async fn begin_claim(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<S::Tx>> {
         self.inner.begin_claim(claim, wait).await

@@ -101,7 +101,7 @@ impl<M: Mode> IdempotencyLayer<M> {
     pub(crate) fn with_mode(mode: M) -> Self {
         // Where a lost claim answers as cheaply as a read, reading first only adds a round
         // trip to every first request.
-        let replay_read = !mode.store().claim_answers_like_a_read();
+        let replay_read = !mode.claim_answers_like_a_read();
         Self {
             mode,
             policy: Arc::new(Policy::default()),

@@ -34,6 +34,10 @@ pub(crate) mod sealed {
 
     /// The part of [`Mode`](super::Mode) only this crate sees.
     pub trait Run {
+        /// Whether this mode's claim answers a key that is taken as cheaply as a read would,
+        /// so that reading before the claim only slows first requests.
+        fn claim_answers_like_a_read(&self) -> bool;
+
         /// Claims the key, runs `inner`, and stores the outcome. Runs in its own task.
         fn run<S, ReqBody, ResBody>(
             self,
@@ -103,6 +107,10 @@ impl<St: TransactionalStore> Mode for TransactionMode<St> {
 }
 
 impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
+    fn claim_answers_like_a_read(&self) -> bool {
+        self.0.begin_claim_answers_like_a_read()
+    }
+
     async fn run<S, ReqBody, ResBody>(
         self,
         claim: Claim,
@@ -220,6 +228,10 @@ impl<St: Store> Mode for LeaseMode<St> {
 }
 
 impl<St: Store> sealed::Run for LeaseMode<St> {
+    fn claim_answers_like_a_read(&self) -> bool {
+        self.store.claim_answers_like_a_read()
+    }
+
     async fn run<S, ReqBody, ResBody>(
         self,
         mut claim: Claim,

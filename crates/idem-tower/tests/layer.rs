@@ -717,6 +717,41 @@ async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
     assert_eq!(handler.calls.load(Ordering::SeqCst), 1, "never run again");
 }
 
+/// On TokioPgStore, whose lost claim writes nothing and answers with the record, the layer
+/// claims first: a first request and its replay read nothing outside the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_tokio_postgres_the_layer_claims_first() {
+    let db = idem_store::testing::PgTestDatabase::create().await;
+    let inner = idem_store::TokioPgStore::connect(db.url()).await.unwrap();
+    let store = WatchedStore::new(inner);
+    let router = Router::new()
+        .route("/work", routing::post(tokio_pg_handler))
+        .layer(IdempotencyLayer::transactional(store.clone()))
+        .with_state(Handler::new());
+    let url = serve(router).await;
+    let client = reqwest::Client::new();
+    let mut replays = Vec::new();
+    for _ in 0..2 {
+        let response = post(&client, &url, Some("claims-first-1"), "{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        replays.push(replayed(response.headers()));
+    }
+    assert_eq!(replays, [false, true]);
+    assert_eq!(store.reads.load(Ordering::SeqCst), 0);
+}
+
+async fn tokio_pg_handler(
+    State(h): State<Handler>,
+    tx: Tx<idem_store::TokioPgTx>,
+    body: Bytes,
+) -> Response {
+    tx.execute("SELECT 1", &[]).await.unwrap();
+    h.run(&body).await
+}
+
 #[tokio::test]
 async fn without_the_replay_read_nothing_is_read_before_the_claim() {
     // (replay read asked for, the store's claims answer like reads)

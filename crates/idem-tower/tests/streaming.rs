@@ -1,5 +1,5 @@
 //! Responses over the storage cap stream through the layer (docs/contract.md §2.5), in both
-//! modes, on SQLite and on a throwaway PostgreSQL database.
+//! modes, on SQLite and on a throwaway PostgreSQL database through each of its two stores.
 //!
 //! The handler's body is fed by a bounded channel whose producer never runs more than
 //! [`AHEAD`] bytes past what the client has read. A layer that held the body whole before
@@ -377,6 +377,15 @@ async fn postgres_store() -> (idem_store::PgStore, idem_store::testing::PgTestDa
     (store, db)
 }
 
+async fn tokio_postgres_store() -> (
+    idem_store::TokioPgStore,
+    idem_store::testing::PgTestDatabase,
+) {
+    let db = idem_store::testing::PgTestDatabase::create().await;
+    let store = idem_store::TokioPgStore::connect(db.url()).await.unwrap();
+    (store, db)
+}
+
 macro_rules! on_sqlite_and_postgres {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -384,6 +393,9 @@ macro_rules! on_sqlite_and_postgres {
         }
         mod postgres {
             idem_store::tests_per_store!(super::postgres_store() => [super]; $($name),*);
+        }
+        mod tokio_postgres {
+            idem_store::tests_per_store!(super::tokio_postgres_store() => [super]; $($name),*);
         }
     };
 }

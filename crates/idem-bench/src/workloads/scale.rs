@@ -44,7 +44,12 @@ pub(super) async fn scale_postgres(env: &Env) -> anyhow::Result<Prepared> {
     let mut prepared = Prepared::default();
     let mut urls = Vec::new();
     for _ in 0..4 {
-        let instance = servers::idem_serve(&env.runtimes.subject, db.url(), true).await?;
+        let instance = servers::idem_serve(
+            &env.runtimes.subject,
+            db.url(),
+            idem_store::DEFAULT_POOL_SIZE,
+        )
+        .await?;
         urls.push(instance.url("/payments"));
         prepared.teardown.servers.push(instance);
     }

@@ -4,10 +4,11 @@
 use std::future::Future;
 
 use anyhow::Context as _;
-use idem_store::{AdminStore, PgStore, PgTx, SqliteStore, SqliteTx, TransactionalStore};
+use idem_store::{AdminStore, SqliteStore, SqliteTx, TokioPgStore, TokioPgTx, TransactionalStore};
 use idem_tower::OutcomeSignal;
 use serde::Serialize;
 use sqlx::Row;
+use tokio_postgres::types::{ToSql, Type};
 
 use crate::store_url::redact;
 
@@ -78,7 +79,7 @@ pub(crate) trait Backend: TransactionalStore + AdminStore {
         retired_before: i64,
         payment: &'a Payment,
         event: Option<&'a idem_consumer::Message>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = idem_store::Result<()>> + Send + 'a;
 
     /// Takes the account's next invoice number and records `invoice` with it, in `tx`.
     fn issue_invoice<'a>(
@@ -86,7 +87,7 @@ pub(crate) trait Backend: TransactionalStore + AdminStore {
         account: &'a str,
         key: &'a str,
         invoice: &'a mut Invoice,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = idem_store::Result<()>> + Send + 'a;
 
     /// The account's payment `id`, if it has one.
     fn find_payment(
@@ -237,13 +238,13 @@ const POSTGRES: Statements = Statements {
 };
 
 /// The [`Backend`] items that are the same code on both databases, written once: `$sql`
-/// holds the database's statements, `$writer` and `$readers` name the store's pools.
+/// holds the database's statements, `$writer` and `$readers` name the store's sqlx pools.
 macro_rules! shared_methods {
-    (db: $db:ty, tx: $tx:ty, sql: $sql:expr, writer: $writer:ident, readers: $readers:ident) => {
+    (db: $db:ty, sql: $sql:expr, writer: [$($writer:ident),+], readers: [$($readers:ident),+]) => {
         type Db = $db;
 
         fn write_pool(&self) -> &sqlx::Pool<$db> {
-            self.$writer()
+            self$(.$writer())+
         }
 
         async fn insert_receipt<'a>(
@@ -262,73 +263,6 @@ macro_rules! shared_methods {
             Ok(())
         }
 
-        async fn insert_payment<'a>(
-            tx: &'a mut $tx,
-            account: &'a str,
-            key: Option<&'a str>,
-            retired_before: i64,
-            payment: &'a Payment,
-            event: Option<&'a idem_consumer::Message>,
-        ) -> Result<(), sqlx::Error> {
-            let insert = |sql: &'static str| {
-                sqlx::query(sql)
-                    .bind(&payment.id)
-                    .bind(account)
-                    .bind(key)
-                    .bind(payment.amount)
-                    .bind(&payment.currency)
-                    .bind(&payment.status)
-                    .bind(&payment.reference)
-                    .bind(payment.created_at)
-            };
-            // The common case in one round trip: the key holds no payment yet. (A failed
-            // INSERT would abort a PostgreSQL transaction, hence DO NOTHING and a look at the
-            // count.)
-            let inserted = insert($sql.insert_payment_if_key_free)
-                .execute(&mut **tx)
-                .await?
-                .rows_affected();
-            if inserted == 0 {
-                // A payment holds the key. Only one made before the key's retention ended may
-                // give it up; if it is younger, the plain insert below fails on the UNIQUE:
-                // the safety net against a duplicate the layer let through.
-                sqlx::query($sql.retire_key)
-                    .bind(account)
-                    .bind(key)
-                    .bind(retired_before)
-                    .execute(&mut **tx)
-                    .await?;
-                insert($sql.insert_payment).execute(&mut **tx).await?;
-            }
-            if let Some(event) = event {
-                idem_consumer::enqueue::<$db>(&mut **tx, event, payment.created_at).await?;
-            }
-            Ok(())
-        }
-
-        async fn issue_invoice<'a>(
-            tx: &'a mut $tx,
-            account: &'a str,
-            key: &'a str,
-            invoice: &'a mut Invoice,
-        ) -> Result<(), sqlx::Error> {
-            invoice.number = sqlx::query_scalar($sql.next_invoice_number)
-                .bind(account)
-                .fetch_one(&mut **tx)
-                .await?;
-            sqlx::query($sql.insert_invoice)
-                .bind(&invoice.id)
-                .bind(account)
-                .bind(invoice.number)
-                .bind(invoice.amount)
-                .bind(&invoice.currency)
-                .bind(key)
-                .bind(invoice.created_at)
-                .execute(&mut **tx)
-                .await?;
-            Ok(())
-        }
-
         async fn find_payment(
             &self,
             account: &str,
@@ -337,7 +271,7 @@ macro_rules! shared_methods {
             let row = sqlx::query($sql.find_payment)
                 .bind(id)
                 .bind(account)
-                .fetch_optional(self.$readers())
+                .fetch_optional(self$(.$readers())+)
                 .await
                 .inspect_err(|e| self.failed(e))?;
             row.as_ref().map(payment_from_row).transpose()
@@ -351,7 +285,7 @@ macro_rules! shared_methods {
             let rows = sqlx::query($sql.list_payments)
                 .bind(account)
                 .bind(limit)
-                .fetch_all(self.$readers())
+                .fetch_all(self$(.$readers())+)
                 .await
                 .inspect_err(|e| self.failed(e))?;
             rows.iter().map(payment_from_row).collect()
@@ -359,7 +293,7 @@ macro_rules! shared_methods {
 
         async fn ping(&self) -> Result<(), sqlx::Error> {
             sqlx::query("SELECT 1")
-                .execute(self.$readers())
+                .execute(self$(.$readers())+)
                 .await
                 .inspect_err(|e| self.failed(e))
                 .map(|_| ())
@@ -388,7 +322,69 @@ where
 }
 
 impl Backend for SqliteStore {
-    shared_methods!(db: sqlx::Sqlite, tx: SqliteTx, sql: SQLITE, writer: writer, readers: readers);
+    shared_methods!(db: sqlx::Sqlite, sql: SQLITE, writer: [writer], readers: [readers]);
+
+    async fn insert_payment<'a>(
+        tx: &'a mut SqliteTx,
+        account: &'a str,
+        key: Option<&'a str>,
+        retired_before: i64,
+        payment: &'a Payment,
+        event: Option<&'a idem_consumer::Message>,
+    ) -> idem_store::Result<()> {
+        let insert = |sql: &'static str| {
+            sqlx::query(sql)
+                .bind(&payment.id)
+                .bind(account)
+                .bind(key)
+                .bind(payment.amount)
+                .bind(&payment.currency)
+                .bind(&payment.status)
+                .bind(&payment.reference)
+                .bind(payment.created_at)
+        };
+        let inserted = insert(SQLITE.insert_payment_if_key_free)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+        if inserted == 0 {
+            // See TokioPgStore's: a payment holds the key.
+            sqlx::query(SQLITE.retire_key)
+                .bind(account)
+                .bind(key)
+                .bind(retired_before)
+                .execute(&mut **tx)
+                .await?;
+            insert(SQLITE.insert_payment).execute(&mut **tx).await?;
+        }
+        if let Some(event) = event {
+            idem_consumer::enqueue::<sqlx::Sqlite>(&mut **tx, event, payment.created_at).await?;
+        }
+        Ok(())
+    }
+
+    async fn issue_invoice<'a>(
+        tx: &'a mut SqliteTx,
+        account: &'a str,
+        key: &'a str,
+        invoice: &'a mut Invoice,
+    ) -> idem_store::Result<()> {
+        invoice.number = sqlx::query_scalar(SQLITE.next_invoice_number)
+            .bind(account)
+            .fetch_one(&mut **tx)
+            .await?;
+        sqlx::query(SQLITE.insert_invoice)
+            .bind(&invoice.id)
+            .bind(account)
+            .bind(invoice.number)
+            .bind(invoice.amount)
+            .bind(&invoice.currency)
+            .bind(key)
+            .bind(invoice.created_at)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
 
     async fn open_service(url: &str) -> anyhow::Result<Self> {
         let store = SqliteStore::connect(url)
@@ -416,23 +412,141 @@ impl Backend for SqliteStore {
     fn failed(&self, _e: &sqlx::Error) {}
 }
 
-impl Backend for PgStore {
-    shared_methods!(db: sqlx::Postgres, tx: PgTx, sql: POSTGRES, writer: pool, readers: pool);
+/// The parameters of [`Statements::insert_payment`] and its `if_key_free` form on PostgreSQL:
+/// id, account, key, amount, currency, status, reference, created at (Unix milliseconds).
+const PG_PAYMENT_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+    Type::TEXT,
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+];
+
+/// The parameters of [`Statements::insert_invoice`] on PostgreSQL.
+const PG_INVOICE_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+    Type::INT8,
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+];
+
+/// The parameters of [`idem_consumer::INSERT_OUTBOX`].
+const PG_OUTBOX_TYPES: &[Type] = &[Type::TEXT, Type::TEXT, Type::BYTEA, Type::INT8];
+
+/// On PostgreSQL the request path runs on tokio-postgres, whose pipelining makes a first
+/// payment three round trips (idem-store's TokioPgStore); the outbox relay, the worker's
+/// inbox, the reads and the lease-mode payouts run on sqlx, through its PgStore.
+impl Backend for TokioPgStore {
+    shared_methods!(db: sqlx::Postgres, sql: POSTGRES, writer: [pg_store, pool], readers: [pg_store, pool]);
+
+    async fn insert_payment<'a>(
+        tx: &'a mut TokioPgTx,
+        account: &'a str,
+        key: Option<&'a str>,
+        retired_before: i64,
+        payment: &'a Payment,
+        event: Option<&'a idem_consumer::Message>,
+    ) -> idem_store::Result<()> {
+        let params: [&(dyn ToSql + Sync); 8] = [
+            &payment.id,
+            &account,
+            &key,
+            &payment.amount,
+            &payment.currency,
+            &payment.status,
+            &payment.reference,
+            &payment.created_at,
+        ];
+        let if_key_free = tx
+            .prepare_typed_cached(POSTGRES.insert_payment_if_key_free, PG_PAYMENT_TYPES)
+            .await?;
+        // The common case in one round trip, with the event when there is one: the key holds
+        // no payment yet. (A failed INSERT would abort the transaction, hence DO NOTHING and a
+        // look at the count.)
+        let inserted = match event {
+            None => tx.execute(&if_key_free, &params).await?,
+            Some(event) => {
+                let outbox = tx
+                    .prepare_typed_cached(idem_consumer::INSERT_OUTBOX, PG_OUTBOX_TYPES)
+                    .await?;
+                let (id, payload) = (event.id.as_str(), &event.payload[..]);
+                let event_params: [&(dyn ToSql + Sync); 4] =
+                    [&id, &event.topic, &payload, &payment.created_at];
+                let (inserted, enqueued) = tokio::join!(
+                    tx.execute(&if_key_free, &params),
+                    tx.execute(&outbox, &event_params)
+                );
+                enqueued?;
+                inserted?
+            }
+        };
+        if inserted == 0 {
+            // A payment holds the key. Only one made before the key's retention ended may give
+            // it up; if it is younger, the plain insert below fails on the UNIQUE: the safety
+            // net against a duplicate the layer let through.
+            let retire = tx
+                .prepare_typed_cached(POSTGRES.retire_key, &[Type::TEXT, Type::TEXT, Type::INT8])
+                .await?;
+            tx.execute(&retire, &[&account, &key, &retired_before])
+                .await?;
+            let insert = tx
+                .prepare_typed_cached(POSTGRES.insert_payment, PG_PAYMENT_TYPES)
+                .await?;
+            tx.execute(&insert, &params).await?;
+        }
+        Ok(())
+    }
+
+    async fn issue_invoice<'a>(
+        tx: &'a mut TokioPgTx,
+        account: &'a str,
+        key: &'a str,
+        invoice: &'a mut Invoice,
+    ) -> idem_store::Result<()> {
+        let next = tx
+            .prepare_typed_cached(POSTGRES.next_invoice_number, &[Type::TEXT])
+            .await?;
+        invoice.number = tx.query_one(&next, &[&account]).await?.try_get(0)?;
+        let insert = tx
+            .prepare_typed_cached(POSTGRES.insert_invoice, PG_INVOICE_TYPES)
+            .await?;
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &invoice.id,
+            &account,
+            &invoice.number,
+            &invoice.amount,
+            &invoice.currency,
+            &key,
+            &invoice.created_at,
+        ];
+        tx.execute(&insert, &params).await?;
+        Ok(())
+    }
 
     async fn open_service(url: &str) -> anyhow::Result<Self> {
-        let store = PgStore::connect(url)
+        let store = TokioPgStore::connect(url)
             .await
             .with_context(|| format!("cannot open the database {}", redact(url)))?;
-        migrate(sqlx::migrate!("migrations/postgres"), store.pool()).await?;
+        migrate(
+            sqlx::migrate!("migrations/postgres"),
+            store.pg_store().pool(),
+        )
+        .await?;
         Ok(store)
     }
 
-    async fn begin(&self) -> idem_store::Result<PgTx> {
-        Ok(self.pool().begin().await.inspect_err(|e| self.failed(e))?)
+    async fn begin(&self) -> idem_store::Result<TokioPgTx> {
+        TokioPgStore::begin(self).await
     }
 
-    async fn commit(tx: PgTx) -> idem_store::Result<()> {
-        Ok(tx.commit().await?)
+    async fn commit(tx: TokioPgTx) -> idem_store::Result<()> {
+        tx.commit().await
     }
 
     /// Relays wake-ups through `NOTIFY idem_outcome, '<key label>'`, which every instance
@@ -441,12 +555,12 @@ impl Backend for PgStore {
     /// to a new primary. A wake-up missed while it reconnects only makes a waiter wait out
     /// its bound and answer 409.
     async fn outcome_signal(&self) -> anyhow::Result<OutcomeSignal> {
-        idem_gateway::outcome_signal(self)
+        idem_gateway::outcome_signal(self.pg_store())
             .await
             .context("cannot LISTEN for outcome wake-ups")
     }
 
     fn failed(&self, e: &sqlx::Error) {
-        self.notice(e);
+        self.pg_store().notice(e);
     }
 }

@@ -76,12 +76,29 @@ pub struct ServeArgs {
     pub relay_poll_ms: u64,
     /// Claim first, without the read that answers replays before anything is claimed: a
     /// payment costs one statement less, a replay a transaction instead of one read. For APIs
-    /// whose retries are rare.
+    /// whose retries are rare. (SQLite: on PostgreSQL idem serve always claims first, since a
+    /// lost claim there writes nothing and answers in two round trips.)
     #[arg(long)]
     pub no_replay_read: bool,
+    /// PostgreSQL: how many connections this instance's requests share. Each request holds one
+    /// for its three round trips, so with the database a round trip of R away an instance
+    /// makes at most N / (3 × R) payments a second. Every instance opens up to this many, plus
+    /// a few for its sweeper, outbox relay and wake-ups: keep the sum under the server's
+    /// `max_connections`.
+    #[arg(long, default_value_t = idem_store::DEFAULT_POOL_SIZE, value_parser = parse_pool_size)]
+    pub db_pool_size: usize,
     /// Freeze the relay after it publishes an event and before it marks it sent (crash tests).
     #[arg(long, hide = true)]
     pub fault_pause_after_publish: bool,
+}
+
+fn parse_pool_size(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=10_000) => Ok(n),
+        _ => Err(format!(
+            "expected a number of connections from 1 to 10000, got {s:?}"
+        )),
+    }
 }
 
 fn parse_token(s: &str) -> Result<(String, String), String> {
@@ -125,8 +142,11 @@ pub struct ServeConfig {
     pub relay_poll: Duration,
     /// Freeze the relay between publishing and marking sent, for crash tests.
     pub fault_pause_after_publish: bool,
-    /// Whether replays are answered from a read before anything is claimed (the default).
+    /// Whether replays are answered from a read before anything is claimed (the default on
+    /// SQLite; PostgreSQL always claims first).
     pub replay_read: bool,
+    /// How many PostgreSQL connections requests share.
+    pub db_pool_size: usize,
     /// How often the sweeper looks for expired records (a minute; benchmarks look sooner).
     pub sweep_every: Duration,
 }
@@ -160,6 +180,7 @@ impl ServeConfig {
             relay_poll: Duration::from_millis(200),
             fault_pause_after_publish: false,
             replay_read: true,
+            db_pool_size: idem_store::DEFAULT_POOL_SIZE,
             sweep_every: crate::sweeper::EVERY,
         }
     }
@@ -194,6 +215,7 @@ impl ServeConfig {
         config.relay_poll = Duration::from_millis(args.relay_poll_ms);
         config.fault_pause_after_publish = args.fault_pause_after_publish;
         config.replay_read = !args.no_replay_read;
+        config.db_pool_size = args.db_pool_size;
         config
     }
 }

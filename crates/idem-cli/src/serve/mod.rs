@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_core::Policy;
-use idem_store::{PgStore, SqliteStore};
+use idem_store::{SqliteStore, TokioPgStore};
 
 use idem_tower::IdempotencyLayer;
 use tokio::net::TcpListener;
@@ -74,7 +74,9 @@ pub async fn serve(
             serve_on(store, listener, &config, shutdown).await
         }
         StoreUrl::Postgres(url) => {
-            let store = PgStore::open_service(&url).await?;
+            let store = TokioPgStore::open_service(&url)
+                .await?
+                .with_pool_size(config.db_pool_size);
             serve_on(store, listener, &config, shutdown).await
         }
         StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),

@@ -109,17 +109,13 @@ pub(crate) async fn create<B: Backend>(
         event,
     };
     let inserted = match tx {
-        Some(mut tx) => row
-            .insert::<B>(&mut tx)
-            .await
-            .map_err(idem_store::Error::from),
+        Some(mut tx) => row.insert::<B>(&mut tx).await,
         None => row.insert_alone(&app.store).await,
     };
     if let Err(e) = inserted {
         // A unique violation here means the idempotency layer let a duplicate through: the
         // safety net held. Either way nothing is committed (5xx rolls back).
-        let safety_net = matches!(&e, idem_store::Error::Database(e)
-            if e.as_database_error().is_some_and(|d| d.is_unique_violation()));
+        let safety_net = e.is_unique_violation();
         tracing::error!(error = %e, safety_net, "inserting a payment failed");
         if matches!(e, idem_store::Error::Unavailable(_)) {
             return unavailable();
@@ -150,7 +146,7 @@ struct PaymentRow<'a> {
 
 impl PaymentRow<'_> {
     /// Inserts the payment (and its event) in `tx`.
-    async fn insert<B: Backend>(&self, tx: &mut B::Tx) -> Result<(), sqlx::Error> {
+    async fn insert<B: Backend>(&self, tx: &mut B::Tx) -> idem_store::Result<()> {
         B::insert_payment(
             tx,
             self.account,
@@ -191,8 +187,9 @@ pub(crate) fn payment_succeeded(account: &str, payment: &Payment) -> idem_consum
 }
 
 /// `503` with `Retry-After`: the database could not be reached; nothing was done.
-pub(crate) fn database_error(e: sqlx::Error) -> Response {
-    tracing::error!(error = %e, "the database failed");
+pub(crate) fn database_error(e: impl Into<idem_store::Error>) -> Response {
+    let e = e.into();
+    tracing::error!(error = &e as &dyn std::error::Error, "the database failed");
     unavailable()
 }
 

@@ -73,6 +73,10 @@ pub enum PgUrlError {
     /// sqlx refused the URL of a host (a malformed URL, an unknown `sslmode`…).
     #[error("invalid PostgreSQL connection options")]
     Options(#[source] sqlx::Error),
+    /// tokio-postgres refused the URL ([`TokioPgStore`](crate::TokioPgStore) reads it whole).
+    #[cfg(feature = "tokio-postgres")]
+    #[error("invalid PostgreSQL connection options for tokio-postgres")]
+    Client(#[source] tokio_postgres::Error),
 }
 
 impl FromStr for PgUrl {

@@ -1,0 +1,515 @@
+//! [`TokioPgStore`]: transaction mode on PostgreSQL through tokio-postgres, which pipelines
+//! prepared statements: several are sent before the first answer is read, so they cost one
+//! round trip to the database together.
+//!
+//! A first request costs three round trips: `BEGIN` with the claim; the handler's own
+//! statements; the stored response with `COMMIT`. On [`PgStore`] (sqlx, which sends one
+//! statement at a time and tests each connection it takes back) the same request costs eight,
+//! counting the read before the claim and the pool's pings. With the database a millisecond
+//! away that is the difference between about 3 and 8 ms a payment, and it holds a connection
+//! for that long; on loopback it is CPU, PostgreSQL's and ours, spent on every wake-up.
+//!
+//! The claim is `INSERT … ON CONFLICT DO NOTHING`: a key no record holds is claimed, and a key
+//! that is taken is neither written nor locked. Only then is the record read, in a new
+//! statement (READ COMMITTED lets it see a record whose transaction the claim waited for), in
+//! one round trip with the `ROLLBACK`. So a replay costs two round trips and no write, which is
+//! why the layer claims first on this store rather than reading before every claim. A record
+//! that the claim may replace (past its retention, or a stale lease of the same request) is
+//! replaced by PgStore's full claim, `ON CONFLICT DO UPDATE … WHERE`, which stays the arbiter.
+//!
+//! Everything off the request path (lease mode, the sweeper, `idem keys`, migrations, outcome
+//! wake-ups) goes through a [`PgStore`] on the same URL, reached with
+//! [`TokioPgStore::pg_store`]: one code path for each, already proven against failovers.
+//! Handlers that write with sqlx keep using `PgStore` and its `PgTx`; this store is for those
+//! on tokio-postgres, and for the shortest path a payment can take.
+
+use std::ops::Deref;
+use std::str::FromStr;
+use std::time::Duration;
+
+use deadpool_postgres::{
+    ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
+use idem_core::{Decision, FencingToken, Record, Scope, StoredResponse, Timestamp, decide};
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{NoTls, Statement};
+
+use crate::postgres::{BEGIN, SELECT, bounded_claim, complete_sql, lock_timeout_setting, vanished};
+use crate::{
+    AdminStore, ClaimOutcome, Error, NewClaim, PgStore, PgUrlError, RecordFilter, Result, Store,
+    TransactionalStore, TxClaim,
+};
+
+/// The claim of a key no record holds, its wait bounded by `lock_timeout` ($9).
+const CLAIM_NEW: &str = bounded_claim!(new_only);
+
+/// The claim that may also replace a record, as [`PgStore`] claims in a transaction.
+const CLAIM_REPLACING: &str = bounded_claim!();
+
+/// The claims' parameters: scope, request hash, now, expiry, lease, token, take-over, wait.
+const CLAIM_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::INT8,
+    Type::BOOL,
+    Type::TEXT,
+];
+
+/// The response stored in the transaction's own key row, failing (division by zero) when the
+/// row is not the claim's any more. The `COMMIT` is sent with it, before its answer is read:
+/// the failure aborts the transaction, so that `COMMIT` rolls back instead, and the handler's
+/// writes never commit without their key's response.
+const COMPLETE_IN_TX: &str = concat!(
+    "WITH completed AS (",
+    complete_sql!(),
+    "\n  RETURNING 1)\nSELECT 1 / count(*)::int FROM completed"
+);
+
+const COMPLETE_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT,
+    Type::INT8,
+    Type::INT4,
+    Type::TEXT,
+    Type::BYTEA,
+    Type::BOOL,
+];
+
+const SCOPE_TYPES: &[Type] = &[Type::TEXT, Type::TEXT];
+
+const COMMIT: &str = "COMMIT";
+const ROLLBACK: &str = "ROLLBACK";
+
+/// How long the pool waits for a free connection, or for a new one to be made, before the
+/// store reports itself unavailable: as long as [`PgStore`] waits.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The pool's size unless [`TokioPgStore::with_pool_size`] says otherwise: sqlx's default, and
+/// PgStore's.
+pub const DEFAULT_POOL_SIZE: usize = 10;
+
+/// Claims retried after the record a claim lost to vanished, or was replaced under it.
+const CLAIM_ATTEMPTS: usize = 5;
+
+/// Transaction mode on PostgreSQL through tokio-postgres (module docs): the claim pipelined
+/// with `BEGIN`, the stored response with `COMMIT`.
+///
+/// Cloning is cheap: clones share one pool.
+#[derive(Debug, Clone)]
+pub struct TokioPgStore {
+    /// Lease mode, administration, the sweeper, migrations, wake-ups.
+    sql: PgStore,
+    /// Transaction mode.
+    pool: Pool,
+}
+
+/// The transaction a handler writes through on a [`TokioPgStore`]: a pooled tokio-postgres
+/// client inside `BEGIN`, with deadpool's cache of prepared statements
+/// ([`ClientWrapper::prepare_cached`]). Futures of its statements polled together (with
+/// `tokio::join!`) are pipelined: sent at once, answered in one round trip.
+///
+/// The layer commits or rolls it back. Dropped without either (a panic in the handler), it
+/// closes its connection instead of handing it back in the middle of a transaction, and
+/// PostgreSQL rolls the transaction back.
+#[derive(Debug)]
+pub struct TokioPgTx {
+    /// `None` only while dropping.
+    client: Option<Object>,
+    /// Whether `BEGIN` may have been sent and no end of the transaction has been.
+    open: bool,
+}
+
+impl Deref for TokioPgTx {
+    type Target = ClientWrapper;
+
+    fn deref(&self) -> &ClientWrapper {
+        self.client
+            .as_ref()
+            .expect("the client is there until the drop")
+    }
+}
+
+impl Drop for TokioPgTx {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        if self.open {
+            tracing::warn!("a transaction was dropped while open; closing its connection");
+            // Taken out of the pool, the client is dropped with its connection task.
+            drop(Object::take(client));
+        }
+        // Otherwise the client goes back to the pool as it drops.
+    }
+}
+
+impl TokioPgTx {
+    /// Commits. For a transaction of the handler's own ([`TokioPgStore::begin`]); the layer
+    /// commits the ones it opened.
+    pub async fn commit(mut self) -> Result<()> {
+        self.end_with(COMMIT).await
+    }
+
+    /// Rolls back.
+    pub async fn rollback(mut self) -> Result<()> {
+        self.end_with(ROLLBACK).await
+    }
+
+    /// A pooled client, outside any transaction.
+    fn new(client: Object) -> Self {
+        Self {
+            client: Some(client),
+            open: false,
+        }
+    }
+
+    /// Ends the transaction with `COMMIT` or `ROLLBACK`.
+    async fn end_with(&mut self, sql: &str) -> Result<()> {
+        let statement = self.prepare(sql, &[]).await?;
+        let ended = self.execute(&statement, &[]).await;
+        self.end();
+        ended?;
+        Ok(())
+    }
+
+    /// The transaction is over, by its end or by a failure of that end (which ends it too, or
+    /// breaks the connection, which the pool finds out by itself): the client may go back to
+    /// the pool.
+    fn end(&mut self) {
+        self.open = false;
+    }
+
+    async fn prepare(&self, sql: &str, types: &[Type]) -> Result<Statement> {
+        Ok(self.prepare_typed_cached(sql, types).await?)
+    }
+
+    /// `BEGIN` and `claim` in one round trip; whether the key is now ours.
+    async fn begin_and_claim(
+        &mut self,
+        claim_sql: &str,
+        claim: &NewClaim,
+        lock_wait: &str,
+    ) -> Result<bool, tokio_postgres::Error> {
+        let begin = self.prepare_typed_cached(BEGIN, &[]).await?;
+        let statement = self.prepare_typed_cached(claim_sql, CLAIM_TYPES).await?;
+        let (account, key) = (claim.scope.account.as_str(), claim.scope.key.as_str());
+        let fingerprint = &claim.fingerprint.as_bytes()[..];
+        self.open = true;
+        let params: [&(dyn ToSql + Sync); 9] = [
+            &account,
+            &key,
+            &fingerprint,
+            &claim.now.0,
+            &claim.expires_at.0,
+            &claim.lease_until.0,
+            &claim.token.0,
+            &claim.take_over_expired_lease,
+            &lock_wait,
+        ];
+        let (begun, claimed) = tokio::join!(
+            self.execute(&begin, &[]),
+            self.query_opt(&statement, &params)
+        );
+        // Should BEGIN alone have failed on a live connection, the claim ran outside a
+        // transaction and committed a claim with a lease, which runs out as a crashed lease
+        // does; the error goes back and the connection with it.
+        begun?;
+        Ok(claimed?.is_some())
+    }
+
+    /// The record `scope` names, read in the transaction, which ends with it: one round trip.
+    async fn read_and_roll_back(&mut self, scope: &Scope) -> Result<Option<Record>> {
+        let select = self.prepare(SELECT, SCOPE_TYPES).await?;
+        let rollback = self.prepare(ROLLBACK, &[]).await?;
+        let (account, key) = (scope.account.as_str(), scope.key.as_str());
+        let params: [&(dyn ToSql + Sync); 2] = [&account, &key];
+        let (row, rolled_back) = tokio::join!(
+            self.query_opt(&select, &params),
+            self.execute(&rollback, &[])
+        );
+        self.end();
+        rolled_back?;
+        row?.map(|row| crate::sql::record_from_client_row(scope, &row))
+            .transpose()
+    }
+
+    /// The response stored in the key row and `COMMIT`, in one round trip.
+    async fn complete_and_commit(
+        mut self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<()> {
+        let complete = self.prepare(COMPLETE_IN_TX, COMPLETE_TYPES).await?;
+        let commit = self.prepare(COMMIT, &[]).await?;
+        let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
+        let (account, key) = (scope.account.as_str(), scope.key.as_str());
+        let (token, status) = (Some(token.0), i32::from(response.status));
+        let body = &response.body[..];
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &account,
+            &key,
+            &token,
+            &status,
+            &headers,
+            &body,
+            &response.body_omitted,
+        ];
+        let (completed, committed) = tokio::join!(
+            self.query_one(&complete, &params),
+            self.execute(&commit, &[])
+        );
+        // Whatever the answers, the transaction is over: committed, or rolled back by a
+        // failure (the COMMIT of an aborted transaction rolls it back).
+        self.end();
+        match completed {
+            Err(e) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => {
+                return Err(Error::Raced(format!(
+                    "the key row of {} vanished inside its own transaction; nothing was committed",
+                    scope.log_label()
+                )));
+            }
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
+        committed?;
+        Ok(())
+    }
+}
+
+impl TokioPgStore {
+    /// Connects to the database named by `url` (one host or several, as [`PgStore::connect`]
+    /// takes them: tokio-postgres reads libpq's host lists and `target_session_attrs` itself)
+    /// with a pool of [`DEFAULT_POOL_SIZE`] connections, and applies the migrations.
+    ///
+    /// With several hosts, a new connection goes to the first that takes writes; connections
+    /// to a host that is lost close, and the pool replaces them, so after a failover the
+    /// store is on the promoted standby without a restart.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let sql = PgStore::connect(url).await?;
+        let mut config =
+            tokio_postgres::Config::from_str(url).map_err(|e| Error::Url(PgUrlError::Client(e)))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(ACQUIRE_TIMEOUT);
+        }
+        if config.get_hosts().len() > 1 {
+            // As PgStore reads such a URL: several hosts mean the one that takes writes.
+            config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                // A pooled connection is handed out again without a round trip: one that broke
+                // shows as closed, and a statement on one that broke since fails as unavailable.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(DEFAULT_POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(ACQUIRE_TIMEOUT))
+            .create_timeout(Some(ACQUIRE_TIMEOUT))
+            .recycle_timeout(Some(ACQUIRE_TIMEOUT))
+            .build()
+            .expect("a runtime is given, so timeouts can be");
+        Ok(Self { sql, pool })
+    }
+
+    /// The same store with a pool of at most `size` connections for transactions. With the
+    /// database on another host each request holds its connection for its three round trips,
+    /// so the pool bounds throughput at `size / (3 × round trip)`.
+    pub fn with_pool_size(self, size: usize) -> Self {
+        self.pool.resize(size.max(1));
+        self
+    }
+
+    /// The pool transactions are taken from; for a handler's statements outside them.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The sqlx store on the same database: lease mode, the sweeper, administration and
+    /// outcome wake-ups run on it, and so may anything of the handler's written with sqlx
+    /// outside an idempotent request.
+    pub fn pg_store(&self) -> &PgStore {
+        &self.sql
+    }
+
+    /// Opens a transaction of the caller's own (for a request without a key).
+    pub async fn begin(&self) -> Result<TokioPgTx> {
+        let mut tx = TokioPgTx::new(self.watched(self.pool.get().await)?);
+        tx.open = true;
+        let begin = tx.prepare(BEGIN, &[]).await;
+        let begun = match begin {
+            Ok(begin) => tx.execute(&begin, &[]).await.map_err(Error::from),
+            Err(e) => Err(e),
+        };
+        self.watched(begun)?;
+        Ok(tx)
+    }
+
+    /// Tells the store that a statement it did not run itself failed with `e`, so that a lost
+    /// primary is looked for again (as [`PgStore::notice`]).
+    pub fn notice(&self, e: &Error) {
+        if let Error::Unavailable(_) = e {
+            self.sql.look_for_primary();
+        }
+    }
+
+    /// `result`, after [`notice`](Self::notice) of its error.
+    fn watched<T>(&self, result: Result<T, impl Into<Error>>) -> Result<T> {
+        result.map_err(Into::into).inspect_err(|e| self.notice(e))
+    }
+
+    /// [`TransactionalStore::begin_claim`], unwatched.
+    async fn begin_claim_on_pool(
+        &self,
+        claim: &NewClaim,
+        wait: Duration,
+    ) -> Result<TxClaim<TokioPgTx>> {
+        // One deadline for the whole wait: for a free connection, then for the key.
+        let deadline = Instant::now() + wait;
+        let client = match tokio::time::timeout_at(deadline, self.pool.get()).await {
+            Ok(client) => client?,
+            Err(_elapsed) => return self.wait_ran_out(),
+        };
+        let mut tx = TokioPgTx::new(client);
+        let mut claim_sql = CLAIM_NEW;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let lock_wait =
+                lock_timeout_setting(deadline.saturating_duration_since(Instant::now()));
+            // Blocks while another open transaction holds the key, for at most `lock_wait`.
+            match tx.begin_and_claim(claim_sql, claim, &lock_wait).await {
+                Ok(true) => return Ok(TxClaim::Claimed(tx)),
+                Ok(false) => {}
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    tx.rollback().await?;
+                    return Ok(TxClaim::Busy);
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let record = tx.read_and_roll_back(&claim.scope).await?;
+            match record {
+                // Released or swept since the claim saw it: the key is free again.
+                None => continue,
+                Some(record) if claim_sql == CLAIM_NEW && may_replace(&record, claim) => {
+                    claim_sql = CLAIM_REPLACING;
+                }
+                Some(record) => return Ok(TxClaim::Existing(record)),
+            }
+        }
+        Err(vanished(&claim.scope))
+    }
+
+    /// [`TxClaim::Busy`] when the wait ran out while every connection was taken, as the
+    /// contract asks for a burst of duplicates; but when the pool had room and still produced
+    /// no connection in time, the database is out of reach and the request must get `503`.
+    fn wait_ran_out(&self) -> Result<TxClaim<TokioPgTx>> {
+        let status = self.pool.status();
+        if status.size < status.max_size {
+            Err(Error::Unavailable(
+                "no connection to PostgreSQL could be made within the wait".into(),
+            ))
+        } else {
+            Ok(TxClaim::Busy)
+        }
+    }
+}
+
+/// Whether the full claim may replace `record` for `claim`: the core's decision, which the
+/// claim's `WHERE` states in SQL (the statement, not this, has the last word).
+fn may_replace(record: &Record, claim: &NewClaim) -> bool {
+    match decide(Some(record), &claim.fingerprint, claim.now) {
+        Decision::LeaseExpired { .. } => claim.take_over_expired_lease,
+        decision => decision.allows_claim(),
+    }
+}
+
+impl Store for TokioPgStore {
+    async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
+        self.sql.get(scope).await
+    }
+
+    async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
+        self.sql.claim(claim).await
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<bool> {
+        self.sql.complete(scope, token, response).await
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        token: FencingToken,
+        lease_until: Timestamp,
+    ) -> Result<bool> {
+        self.sql.renew(scope, token, lease_until).await
+    }
+
+    async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
+        self.sql.release(scope, token).await
+    }
+
+    async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
+        self.sql.sweep(now, batch).await
+    }
+}
+
+impl TransactionalStore for TokioPgStore {
+    type Tx = TokioPgTx;
+
+    /// Claims first. A lost claim costs two round trips and writes nothing (the claim, then
+    /// the read with the `ROLLBACK`), one more than a read; a read before every claim would
+    /// cost every first request one more.
+    fn begin_claim_answers_like_a_read(&self) -> bool {
+        true
+    }
+
+    async fn begin_claim(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<TokioPgTx>> {
+        let claimed = self.begin_claim_on_pool(claim, wait).await;
+        self.watched(claimed)
+    }
+
+    async fn commit_response(
+        &self,
+        tx: TokioPgTx,
+        scope: &Scope,
+        token: FencingToken,
+        response: &StoredResponse,
+    ) -> Result<()> {
+        let committed = tx.complete_and_commit(scope, token, response).await;
+        self.watched(committed)
+    }
+
+    async fn rollback(&self, tx: TokioPgTx) -> Result<()> {
+        let rolled_back = tx.rollback().await;
+        self.watched(rolled_back)
+    }
+}
+
+impl AdminStore for TokioPgStore {
+    async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>> {
+        self.sql.list(filter).await
+    }
+
+    async fn purge(&self, scope: &Scope) -> Result<bool> {
+        self.sql.purge(scope).await
+    }
+
+    async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
+        self.sql.force_complete(scope, response).await
+    }
+}
