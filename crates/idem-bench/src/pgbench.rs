@@ -134,7 +134,8 @@ const END_PIPELINE: &str = "\\endpipeline\n";
 const BOUND_THE_WAIT: &str =
     "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
      bounded AS MATERIALIZED (
-         SELECT previous.lock_timeout, set_config('lock_timeout', '10000ms', true) FROM previous)
+         SELECT previous.lock_timeout, set_config('lock_timeout', '10000ms', true) FROM previous),
+     claimed AS (
 ";
 
 /// What a bounded claim returns besides the token: `lock_timeout` set back.
@@ -146,16 +147,17 @@ const RESTORE_THE_WAIT: &str =
 /// claims without a bound and with PgStore's `DO UPDATE … WHERE`, as the issue's five
 /// statements do.
 fn claim(at: &Values, bounded: bool) -> String {
-    let (prefix, open, close, conflict, returning) = if bounded {
+    let (prefix, open, close, conflict, returning, then) = if bounded {
         (
             BOUND_THE_WAIT,
             "SELECT ",
             " FROM bounded",
             NEW_ONLY,
             RESTORE_THE_WAIT,
+            OR_READ,
         )
     } else {
-        ("", "VALUES (", ")", REPLACING, "")
+        ("", "VALUES (", ")", REPLACING, "", "")
     };
     let Values {
         now,
@@ -169,7 +171,7 @@ fn claim(at: &Values, bounded: bool) -> String {
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
 {open}'acct_alice', 'pgbench-' || :n, '\x{hash}'::bytea, 'in_progress', {now}, {expires}, {lease}, :n{close}
 {conflict}
-RETURNING fencing_token{returning};
+RETURNING fencing_token{returning}{then};
 "
     )
 }
@@ -187,6 +189,23 @@ WHERE (k.expires_at <= excluded.created_at
 
 /// TokioPgStore's first claim: a key no record holds.
 const NEW_ONLY: &str = "ON CONFLICT (account_id, idem_key) DO NOTHING";
+
+/// What TokioPgStore's first claim reads when it did not insert: the record.
+const OR_READ: &str = ")
+SELECT true AS claimed, NULL::bytea AS request_hash, NULL::text AS status,
+       NULL::int AS response_code, NULL::text AS response_headers, NULL::bytea AS response_body,
+       NULL::bool AS body_omitted, NULL::bigint AS created_at, NULL::bigint AS expires_at,
+       NULL::bigint AS lease_until, fencing_token
+FROM claimed
+UNION ALL
+SELECT false, request_hash, status, response_code, response_headers::text AS response_headers,
+       response_body, body_omitted,
+       (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
+       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
+       (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
+       fencing_token
+FROM idempotency_keys
+WHERE account_id = 'acct_alice' AND idem_key = 'pgbench-' || :n AND NOT EXISTS (SELECT FROM claimed)";
 
 /// The business INSERT, then `on_conflict` (a clause, or nothing).
 fn payment(at: &Values, on_conflict: &str) -> String {

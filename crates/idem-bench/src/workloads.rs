@@ -291,6 +291,20 @@ const SERVE_POSTGRES: &[Comparison] = &[
         "replay",
         at_least(3.0),
     ),
+    Comparison::new(
+        "floor-read-first",
+        "floor, reading before the claim",
+        "pgbench",
+        "read-first",
+        None,
+    ),
+    Comparison::new(
+        "replays-read-first",
+        "replays, reading before the claim",
+        "read-first",
+        "read-first-replay",
+        None,
+    ),
 ];
 
 const GATEWAY_SQLITE: &[Comparison] = &[Comparison::new(
@@ -575,6 +589,27 @@ async fn within_5s<T>(service: &str, answer: impl Future<Output = T>) -> anyhow:
         .map_err(|_| anyhow::anyhow!("{service} did not answer within 5 s"))
 }
 
+/// The connections each `idem serve` and the bare handler get: one per concurrent request, as
+/// pgbench has one per client (the floor on equal terms, also with the database a round trip
+/// away, where a request holds its connection for its round trips), unless the server's
+/// `max_connections` cannot hold `pools` pools and pgbench's clients, with 20 to spare for the
+/// servers' other connections (sweepers, wake-ups) and everyone else's.
+async fn pg_pool_size(concurrency: usize, pools: usize) -> anyhow::Result<usize> {
+    let url = idem_store::testing::admin_url();
+    let mut conn = within_5s("PostgreSQL", sqlx::PgConnection::connect(&url)).await??;
+    let max: String = sqlx::query_scalar("SHOW max_connections")
+        .fetch_one(&mut conn)
+        .await?;
+    conn.close().await?;
+    let max: usize = max.parse().context("max_connections is a number")?;
+    let room = max.saturating_sub(concurrency + 20) / pools;
+    anyhow::ensure!(
+        room >= 2,
+        "PostgreSQL's max_connections ({max}) leaves no room for {pools} pools beside pgbench's {concurrency} clients"
+    );
+    Ok(room.min(concurrency))
+}
+
 /// Checks that the PostgreSQL server the throwaway databases live on answers.
 async fn postgres_up() -> anyhow::Result<()> {
     let url = idem_store::testing::admin_url();
@@ -606,10 +641,10 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
     let (url, relay) = db_route(env, db.url(), db_latency_ms).await?;
     let dir = tempfile::tempdir()?;
     let mut prepared = Prepared::default();
-    // One connection per concurrent request, as pgbench has one per client: the floor on
-    // equal terms, also with the database a round trip away, where each request holds its
-    // connection for its round trips.
-    let pool = env.settings.concurrency;
+    // Reading before the claim is a trade of CPU between first requests and replays, measured
+    // with the database at hand; a round trip away its cost is plain (one more).
+    let read_first = db_latency_ms == 0.0;
+    let pool = pg_pool_size(env.settings.concurrency, if read_first { 3 } else { 2 }).await?;
     let idem = servers::idem_serve(&env.runtimes.subject, &url, pool).await?;
     let bare = servers::bare_payments(&env.runtimes.subject, &url, pool).await?;
     let fresh = payment_post(&idem.url("/payments"));
@@ -631,7 +666,7 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
     };
     prepared.variants = vec![
         bare_variant(&bare),
-        ready("idem", "idem serve", fresh),
+        ready("idem", format!("idem serve, pool of {pool}"), fresh),
         entry("replay", replay),
         pgbench("pgbench", "pgbench, same transaction", Script::Transaction),
         pgbench(
@@ -641,6 +676,35 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
         ),
     ];
     prepared.teardown.servers.extend([idem, bare]);
+    if read_first {
+        let mut config = idem_cli::serve::ServeConfig::new(url.clone());
+        config.db_pool_size = pool;
+        config.replay_read = Some(true);
+        let server = servers::idem_serve_with(&env.runtimes.subject, config).await?;
+        let fresh = payment_post(&server.url("/payments"));
+        let replay = replay_variant(
+            env,
+            &fresh,
+            "read-first-replay",
+            "idem serve --replay-read, replays",
+        )
+        .await;
+        prepared.variants.extend([
+            ready(
+                "read-first",
+                format!("idem serve --replay-read, pool of {pool}"),
+                fresh,
+            ),
+            entry("read-first-replay", replay),
+        ]);
+        prepared.teardown.servers.push(server);
+    } else {
+        let why = "measured with the database at hand (--db-latency-ms 0) only".to_owned();
+        prepared.variants.extend([
+            ("read-first", Err(why.clone())),
+            ("read-first-replay", Err(why)),
+        ]);
+    }
     // Servers stop before the relay and the database are dropped.
     prepared.behind(relay);
     prepared.teardown.keep(dir);

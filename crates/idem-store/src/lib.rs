@@ -78,7 +78,7 @@ pub use redis_store::{RedisStore, ReplicasUnconfirmed};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{GroupCommitFailed, SqliteStore, SqliteTx};
 #[cfg(feature = "tokio-postgres")]
-pub use tokio_pg::{DEFAULT_POOL_SIZE, TokioPgStore, TokioPgTx};
+pub use tokio_pg::{DEFAULT_POOL_SIZE, TokioPgClient, TokioPgStore, TokioPgTx};
 
 /// A request to claim a key.
 #[derive(Debug, Clone)]

@@ -125,14 +125,25 @@ pub(crate) use claim_sql;
 
 const CLAIM: &str = claim_sql!("VALUES (", ")");
 
-pub(crate) const SELECT: &str = "
-SELECT request_hash, status, response_code, response_headers::text AS response_headers,
+// A record's columns, times as Unix milliseconds. (A macro, so that TokioPgStore's claim can
+// read them too.)
+macro_rules! record_columns {
+    () => {
+        "request_hash, status, response_code, response_headers::text AS response_headers,
        response_body, body_omitted,
        (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
        (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
        (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
-       fencing_token
-FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2";
+       fencing_token"
+    };
+}
+pub(crate) use record_columns;
+
+pub(crate) const SELECT: &str = concat!(
+    "\nSELECT ",
+    record_columns!(),
+    "\nFROM idempotency_keys WHERE account_id = $1 AND idem_key = $2"
+);
 
 // Completes an in-progress record: the one the claim holding the token $3 holds, or, with $3
 // NULL, whatever claim holds it (an operator's `force_complete`). One statement, so the token
@@ -184,23 +195,38 @@ pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 // produced, so before the insert can block on a concurrent claim's row (PostgreSQL reads
 // `lock_timeout` when a wait starts). RETURNING puts the old setting back once the key is
 // ours: the handler's own writes should not inherit the claim's (possibly nearly spent) wait.
-// A claim that loses or times out ends in a rollback, which undoes the setting anyway. With
-// `new_only`, the same around the `ON CONFLICT DO NOTHING` claim. (A macro, so that both forms
-// are one text.)
+// A claim that loses or times out ends in a rollback, which undoes the setting anyway. (Macros,
+// so that TokioPgStore bounds its claims with the same text.)
 macro_rules! bounded_claim {
-    ($($new_only:ident)?) => {
+    () => {
         concat!(
-            "
-WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
-     bounded AS MATERIALIZED (
-         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)",
-            $crate::postgres::claim_sql!("SELECT ", "\nFROM bounded" $(, $new_only)?),
-            ",
-          (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)"
+            $crate::postgres::bound_the_wait!(),
+            $crate::postgres::claim_sql!("SELECT ", "\nFROM bounded"),
+            $crate::postgres::restore_the_wait!()
         )
     };
 }
+
+// The CTEs that read `lock_timeout` and set the claim's bound ($9).
+macro_rules! bound_the_wait {
+    () => {
+        "
+WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
+     bounded AS MATERIALIZED (
+         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)"
+    };
+}
+pub(crate) use bound_the_wait;
+
+// What the claim returns after its token: `lock_timeout` put back.
+macro_rules! restore_the_wait {
+    () => {
+        ",
+          (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)"
+    };
+}
 pub(crate) use bounded_claim;
+pub(crate) use restore_the_wait;
 
 const CLAIM_WITH_LOCK_TIMEOUT: &str = bounded_claim!();
 

@@ -10,12 +10,14 @@
 //! for that long; on loopback it is CPU, PostgreSQL's and ours, spent on every wake-up.
 //!
 //! The claim is `INSERT … ON CONFLICT DO NOTHING`: a key no record holds is claimed, and a key
-//! that is taken is neither written nor locked. Only then is the record read, in a new
-//! statement (READ COMMITTED lets it see a record whose transaction the claim waited for), in
-//! one round trip with the `ROLLBACK`. So a replay costs two round trips and no write, which is
-//! why the layer claims first on this store rather than reading before every claim. A record
-//! that the claim may replace (past its retention, or a stale lease of the same request) is
-//! replaced by PgStore's full claim, `ON CONFLICT DO UPDATE … WHERE`, which stays the arbiter.
+//! that is taken is neither written nor locked; the same statement then reads the record that
+//! holds it, and the `ROLLBACK` goes out without waiting for its answer. So a replay costs one
+//! round trip and no write, as a read before the claim would, and the layer claims first on
+//! this store rather than reading before every claim. (A record whose transaction the claim
+//! waited for is read by a second statement, since the first one's snapshot predates it.) A
+//! record that the claim may replace (past its retention, or a stale lease of the same
+//! request) is replaced by PgStore's full claim, `ON CONFLICT DO UPDATE … WHERE`, which stays
+//! the arbiter.
 //!
 //! Everything off the request path (lease mode, the sweeper, `idem keys`, migrations, outcome
 //! wake-ups) goes through a [`PgStore`] on the same URL, reached with
@@ -27,23 +29,48 @@ use std::ops::Deref;
 use std::str::FromStr;
 use std::time::Duration;
 
-use deadpool_postgres::{
-    ClientWrapper, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
-};
+use deadpool::managed::{Metrics, RecycleResult};
+use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, RecyclingMethod, Runtime};
+use futures_util::FutureExt as _;
 use idem_core::{Decision, FencingToken, Record, Scope, StoredResponse, Timestamp, decide};
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Statement};
 
-use crate::postgres::{BEGIN, SELECT, bounded_claim, complete_sql, lock_timeout_setting, vanished};
+use crate::postgres::{
+    BEGIN, SELECT, bound_the_wait, bounded_claim, claim_sql, complete_sql, lock_timeout_setting,
+    record_columns, restore_the_wait, vanished,
+};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, PgStore, PgUrlError, RecordFilter, Result, Store,
     TransactionalStore, TxClaim,
 };
 
-/// The claim of a key no record holds, its wait bounded by `lock_timeout` ($9).
-const CLAIM_NEW: &str = bounded_claim!(new_only);
+/// The claim of a key no record holds, its wait bounded by `lock_timeout` ($9); when the key
+/// is taken, the record that holds it, in the same statement. The read sees what was committed
+/// when the statement began: a record whose transaction the claim had to wait for is not among
+/// that, and then the statement returns no row (a later read finds it). The key's row, absent
+/// or claimed, is read only when the claim did not insert (a one-time filter).
+const CLAIM_NEW_OR_READ: &str = concat!(
+    bound_the_wait!(),
+    ",
+     claimed AS (",
+    claim_sql!("SELECT ", "\nFROM bounded", new_only),
+    restore_the_wait!(),
+    ")
+SELECT true AS claimed, NULL::bytea AS request_hash, NULL::text AS status,
+       NULL::int AS response_code, NULL::text AS response_headers, NULL::bytea AS response_body,
+       NULL::bool AS body_omitted, NULL::bigint AS created_at, NULL::bigint AS expires_at,
+       NULL::bigint AS lease_until, fencing_token
+FROM claimed
+UNION ALL
+SELECT false, ",
+    record_columns!(),
+    "
+FROM idempotency_keys
+WHERE account_id = $1 AND idem_key = $2 AND NOT EXISTS (SELECT FROM claimed)"
+);
 
 /// The claim that may also replace a record, as [`PgStore`] claims in a transaction.
 const CLAIM_REPLACING: &str = bounded_claim!();
@@ -109,6 +136,77 @@ pub struct TokioPgStore {
     pool: Pool,
 }
 
+type Pool = deadpool::managed::Pool<Connections>;
+type Object = deadpool::managed::Object<Connections>;
+
+/// deadpool-postgres's connections, each also knowing whether it owes the server a `ROLLBACK`.
+/// Written by hand around deadpool-postgres's manager because a lost claim's `ROLLBACK` is
+/// worth sending only with the next statements on its connection, and deadpool's own hooks
+/// cannot carry that from one use of a connection to the next.
+#[derive(Debug)]
+struct Connections(Manager);
+
+/// A pooled connection.
+#[derive(Debug)]
+struct Connection {
+    client: ClientWrapper,
+    /// Its last transaction wrote nothing and has not been ended yet.
+    rollback_owed: bool,
+}
+
+impl Connection {
+    /// Sends the `ROLLBACK` this connection owes, if it owes one, without waiting for the
+    /// answer: whatever is sent next on it queues behind, so it costs no round trip of its own.
+    /// (tokio-postgres sends a request when its future is first polled, and reads and drops the
+    /// answers of one whose future is gone. A closed connection answers at once, with an error
+    /// the next statement meets too.)
+    fn settle(&mut self) {
+        if std::mem::take(&mut self.rollback_owed) {
+            let _ = self.client.batch_execute(ROLLBACK).now_or_never();
+        }
+    }
+}
+
+impl deadpool::managed::Manager for Connections {
+    type Type = Connection;
+    type Error = tokio_postgres::Error;
+
+    async fn create(&self) -> Result<Connection, tokio_postgres::Error> {
+        Ok(Connection {
+            client: self.0.create().await?,
+            rollback_owed: false,
+        })
+    }
+
+    async fn recycle(
+        &self,
+        connection: &mut Connection,
+        metrics: &Metrics,
+    ) -> RecycleResult<tokio_postgres::Error> {
+        self.0.recycle(&mut connection.client, metrics).await?;
+        // Whoever takes the connection gets it outside any transaction.
+        connection.settle();
+        Ok(())
+    }
+
+    fn detach(&self, connection: &mut Connection) {
+        self.0.detach(&mut connection.client);
+    }
+}
+
+/// A pooled connection of a [`TokioPgStore`], outside any transaction, for statements of the
+/// handler's own outside an idempotent request ([`TokioPgStore::client`]).
+#[derive(Debug)]
+pub struct TokioPgClient(Object);
+
+impl Deref for TokioPgClient {
+    type Target = ClientWrapper;
+
+    fn deref(&self) -> &ClientWrapper {
+        &self.0.client
+    }
+}
+
 /// The transaction a handler writes through on a [`TokioPgStore`]: a pooled tokio-postgres
 /// client inside `BEGIN`, with deadpool's cache of prepared statements
 /// ([`ClientWrapper::prepare_cached`]). Futures of its statements polled together (with
@@ -129,9 +227,11 @@ impl Deref for TokioPgTx {
     type Target = ClientWrapper;
 
     fn deref(&self) -> &ClientWrapper {
-        self.client
+        &self
+            .client
             .as_ref()
             .expect("the client is there until the drop")
+            .client
     }
 }
 
@@ -189,13 +289,17 @@ impl TokioPgTx {
         Ok(self.prepare_typed_cached(sql, types).await?)
     }
 
-    /// `BEGIN` and `claim` in one round trip; whether the key is now ours.
+    /// `BEGIN` and `claim_sql` in one round trip; the row the claim returned, if any.
     async fn begin_and_claim(
         &mut self,
         claim_sql: &str,
         claim: &NewClaim,
         lock_wait: &str,
-    ) -> Result<bool, tokio_postgres::Error> {
+    ) -> Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
+        // An earlier attempt's ROLLBACK goes out ahead of this BEGIN.
+        if let Some(connection) = self.client.as_mut() {
+            connection.settle();
+        }
         let begin = self.prepare_typed_cached(BEGIN, &[]).await?;
         let statement = self.prepare_typed_cached(claim_sql, CLAIM_TYPES).await?;
         let (account, key) = (claim.scope.account.as_str(), claim.scope.key.as_str());
@@ -220,7 +324,17 @@ impl TokioPgTx {
         // transaction and committed a claim with a lease, which runs out as a crashed lease
         // does; the error goes back and the connection with it.
         begun?;
-        Ok(claimed?.is_some())
+        claimed
+    }
+
+    /// Ends the transaction with the next statements sent on its connection, whoever sends
+    /// them (see [`Connection::settle`]): a lost claim wrote nothing, so nothing can fail to
+    /// roll back, and its `ROLLBACK` costs no round trip of its own.
+    fn roll_back_in_passing(&mut self) {
+        if let Some(connection) = self.client.as_mut() {
+            connection.rollback_owed = true;
+        }
+        self.end();
     }
 
     /// The record `scope` names, read in the transaction, which ends with it: one round trip.
@@ -311,7 +425,7 @@ impl TokioPgStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(manager)
+        let pool = Pool::builder(Connections(manager))
             .max_size(DEFAULT_POOL_SIZE)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(ACQUIRE_TIMEOUT))
@@ -330,9 +444,10 @@ impl TokioPgStore {
         self
     }
 
-    /// The pool transactions are taken from; for a handler's statements outside them.
-    pub fn pool(&self) -> &Pool {
-        &self.pool
+    /// A pooled connection, outside any transaction: for statements of the caller's own
+    /// outside an idempotent request.
+    pub async fn client(&self) -> Result<TokioPgClient> {
+        Ok(TokioPgClient(self.watched(self.pool.get().await)?))
     }
 
     /// The sqlx store on the same database: lease mode, the sweeper, administration and
@@ -381,27 +496,44 @@ impl TokioPgStore {
             Err(_elapsed) => return self.wait_ran_out(),
         };
         let mut tx = TokioPgTx::new(client);
-        let mut claim_sql = CLAIM_NEW;
+        // First the claim that writes only a key no record holds; the full claim, which may
+        // replace a record, only for a record it may replace.
+        let mut replacing = false;
         for _ in 0..CLAIM_ATTEMPTS {
             let lock_wait =
                 lock_timeout_setting(deadline.saturating_duration_since(Instant::now()));
+            let claim_sql = if replacing {
+                CLAIM_REPLACING
+            } else {
+                CLAIM_NEW_OR_READ
+            };
             // Blocks while another open transaction holds the key, for at most `lock_wait`.
-            match tx.begin_and_claim(claim_sql, claim, &lock_wait).await {
-                Ok(true) => return Ok(TxClaim::Claimed(tx)),
-                Ok(false) => {}
+            let found = match tx.begin_and_claim(claim_sql, claim, &lock_wait).await {
+                Ok(Some(row)) if replacing || row.try_get::<_, bool>("claimed")? => {
+                    return Ok(TxClaim::Claimed(tx));
+                }
+                Ok(Some(row)) => Some(crate::sql::record_from_client_row(&claim.scope, &row)?),
+                Ok(None) => None,
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     tx.rollback().await?;
                     return Ok(TxClaim::Busy);
                 }
                 Err(e) => return Err(e.into()),
-            }
-            let record = tx.read_and_roll_back(&claim.scope).await?;
+            };
+            let record = match found {
+                // The claim wrote nothing: the transaction can end in passing.
+                Some(record) => {
+                    tx.roll_back_in_passing();
+                    Some(record)
+                }
+                // The claim waited for the transaction that wrote the record (or lost to the
+                // full claim), so its statement could not see it: a new one does.
+                None => tx.read_and_roll_back(&claim.scope).await?,
+            };
             match record {
                 // Released or swept since the claim saw it: the key is free again.
-                None => continue,
-                Some(record) if claim_sql == CLAIM_NEW && may_replace(&record, claim) => {
-                    claim_sql = CLAIM_REPLACING;
-                }
+                None => replacing = false,
+                Some(record) if !replacing && may_replace(&record, claim) => replacing = true,
                 Some(record) => return Ok(TxClaim::Existing(record)),
             }
         }
@@ -471,9 +603,8 @@ impl Store for TokioPgStore {
 impl TransactionalStore for TokioPgStore {
     type Tx = TokioPgTx;
 
-    /// Claims first. A lost claim costs two round trips and writes nothing (the claim, then
-    /// the read with the `ROLLBACK`), one more than a read; a read before every claim would
-    /// cost every first request one more.
+    /// Claims first: a lost claim writes nothing and answers with the record in its one round
+    /// trip, as a read would.
     fn begin_claim_answers_like_a_read(&self) -> bool {
         true
     }

@@ -177,9 +177,16 @@ impl<B: Backend> App<B> {
             .with_policy(payout_policy)
             .with_policy_link(POLICY_PATH)
             .with_clock(config.clock.clone());
-        if !config.replay_read {
-            idempotency = idempotency.without_replay_read();
-            leased = leased.without_replay_read();
+        match config.replay_read {
+            Some(false) => {
+                idempotency = idempotency.without_replay_read();
+                leased = leased.without_replay_read();
+            }
+            Some(true) => {
+                idempotency = idempotency.with_replay_read();
+                leased = leased.with_replay_read();
+            }
+            None => {}
         }
         let tokens = Arc::new(config.tokens.clone());
         // Each layer wraps the methods it guards and nothing else, so a method a route does
