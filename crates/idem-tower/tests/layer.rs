@@ -718,29 +718,35 @@ async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
 }
 
 /// On TokioPgStore, whose lost claim writes nothing and answers with the record, the layer
-/// claims first: a first request and its replay read nothing outside the claim.
+/// claims first: a first request and its replay read nothing outside the claim. With
+/// `with_replay_read` each reads first, and the answers are the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_tokio_postgres_the_layer_claims_first() {
+async fn on_tokio_postgres_the_layer_claims_first_unless_told_to_read() {
     let db = idem_store::testing::PgTestDatabase::create().await;
     let inner = idem_store::TokioPgStore::connect(db.url()).await.unwrap();
-    let store = WatchedStore::new(inner);
-    let router = Router::new()
-        .route("/work", routing::post(tokio_pg_handler))
-        .layer(IdempotencyLayer::transactional(store.clone()))
-        .with_state(Handler::new());
-    let url = serve(router).await;
-    let client = reqwest::Client::new();
-    let mut replays = Vec::new();
-    for _ in 0..2 {
-        let response = post(&client, &url, Some("claims-first-1"), "{}")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 201);
-        replays.push(replayed(response.headers()));
+    for (read_first, key, reads) in [(false, "claims-first-1", 0), (true, "reads-first-1", 2)] {
+        let store = WatchedStore::new(inner.clone());
+        let mut layer = IdempotencyLayer::transactional(store.clone());
+        if read_first {
+            layer = layer.with_replay_read();
+        }
+        let router = Router::new()
+            .route("/work", routing::post(tokio_pg_handler))
+            .layer(layer)
+            .with_state(Handler::new());
+        let url = serve(router).await;
+        let client = reqwest::Client::new();
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let response = post(&client, &url, Some(key), "{}").send().await.unwrap();
+            assert_eq!(response.status(), 201);
+            let replay = replayed(response.headers());
+            answers.push((replay, response.bytes().await.unwrap()));
+        }
+        assert!(!answers[0].0 && answers[1].0, "the second copy replays");
+        assert_eq!(answers[0].1, answers[1].1);
+        assert_eq!(store.reads.load(Ordering::SeqCst), reads, "read first: {read_first}");
     }
-    assert_eq!(replays, [false, true]);
-    assert_eq!(store.reads.load(Ordering::SeqCst), 0);
 }
 
 async fn tokio_pg_handler(
