@@ -6,22 +6,20 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    AccountId, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
-    RequestParts, Scope, StoredResponse, Timestamp, decide,
-};
+use idem_core::{FencingToken, Scope};
 use idem_store::conformance::assert_unavailable;
 use idem_store::fault_relay::FaultRelay;
 use idem_store::testing::PgTestDatabase;
 use idem_store::{
-    ClaimOutcome, NewClaim, Result, Store, TokioPgStore, TokioPgTx, TransactionalStore, TxClaim,
+    ClaimOutcome, Store, TokioPgStore, TokioPgTx, TransactionalStore, TxClaim,
     admin_conformance, store_conformance, transactional_conformance,
 };
 
-const T0: Timestamp = Timestamp(1_800_000_000_000);
+mod common;
 
-/// Long enough never to run out in a test that expects no timeout.
-const LONG_WAIT: Duration = Duration::from_secs(10);
+use common::pg::{
+    LONG_WAIT, PgTestStore, begin_claimed, claim, pg_transaction_tests, response, scope,
+};
 
 async fn fresh_store() -> (TokioPgStore, PgTestDatabase) {
     let db = PgTestDatabase::create().await;
@@ -34,258 +32,15 @@ async fn fresh_store() -> (TokioPgStore, PgTestDatabase) {
 store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
 admin_conformance!(fresh_store());
-
-/// A database of the test's own and a store whose transactions share at most `max`
-/// connections.
-async fn store_of_its_own(max: usize) -> (TokioPgStore, PgTestDatabase) {
-    let (store, db) = fresh_store().await;
-    (store.with_pool_size(max), db)
-}
-
-fn scope(key: &str) -> Scope {
-    Scope::new(
-        AccountId::new("acct_pg"),
-        IdempotencyKey::new(key, KeyLimits::default()).expect("valid test key"),
-    )
-}
-
-fn fingerprint() -> Fingerprint {
-    Fingerprint::compute(&RequestParts {
-        account: "acct_pg",
-        method: "POST",
-        route: "/payments",
-        query: "",
-        content_type: "application/json",
-        body: br#"{"amount":49900,"currency":"INR"}"#,
-    })
-    .expect("valid test body")
-}
-
-fn claim(scope: &Scope, token: i64) -> NewClaim {
-    NewClaim::new(
-        scope.clone(),
-        fingerprint(),
-        FencingToken(token),
-        T0,
-        &Policy::default(),
-    )
-}
-
-fn response() -> StoredResponse {
-    StoredResponse {
-        status: 201,
-        headers: vec![
-            ("content-type".into(), "application/json".into()),
-            ("location".into(), "/payments/pay_1".into()),
-        ],
-        body: br#"{"id":"pay_1"}"#.to_vec(),
-        body_omitted: false,
-    }
-}
-
-async fn begin_claimed(store: &TokioPgStore, claim: &NewClaim) -> TokioPgTx {
-    match store
-        .begin_claim(claim, LONG_WAIT)
-        .await
-        .expect("begin_claim")
-    {
-        TxClaim::Claimed(tx) => tx,
-        other => panic!("expected to claim the key, got {other:?}"),
-    }
-}
-
-/// How many sessions of `store`'s database wait on a lock, by the server's own view.
-async fn sessions_waiting_on_a_lock(store: &TokioPgStore) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(store.pg_store().pool())
-    .await
-    .expect("read pg_stat_activity")
-}
-
-/// The first transaction to claim `key` (token 1), and a duplicate (token 2) spawned to claim
-/// it too, once the server shows it blocked on the first one's row. PostgreSQL announces no
-/// such event, so this watches its sessions, with a deadline, rather than guess with a sleep.
-async fn first_and_a_waiting_duplicate(
-    store: &TokioPgStore,
-    key: &Scope,
-) -> (
-    TokioPgTx,
-    tokio::task::JoinHandle<Result<TxClaim<TokioPgTx>>>,
-) {
-    let first = begin_claimed(store, &claim(key, 1)).await;
-    let waiter = tokio::spawn({
-        let (store, claim) = (store.clone(), claim(key, 2));
-        async move { store.begin_claim(&claim, LONG_WAIT).await }
-    });
-    let deadline = tokio::time::Instant::now() + LONG_WAIT;
-    let mut poll = tokio::time::interval(Duration::from_millis(10));
-    while sessions_waiting_on_a_lock(store).await < 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the duplicate never waited"
-        );
-        poll.tick().await;
-    }
-    (first, waiter)
-}
-
-/// The first transaction commits while a duplicate waits on its row: the duplicate gets the
-/// committed record (the claim wrote and locked nothing), to replay.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_waiting_duplicate_replays_when_the_first_commits() {
-    let (store, _db) = store_of_its_own(4).await;
-    let key = scope("commit-key-01");
-    let (first, waiter) = first_and_a_waiting_duplicate(&store, &key).await;
-    store
-        .commit_response(first, &key, FencingToken(1), &response())
-        .await
-        .unwrap();
-    match waiter.await.unwrap().unwrap() {
-        TxClaim::Existing(record) => assert_eq!(
-            decide(Some(&record), &fingerprint(), T0),
-            Decision::Replay(&response())
-        ),
-        other => panic!("expected the committed record, got {other:?}"),
-    }
-}
-
-/// The first transaction rolls back while a duplicate waits: the duplicate claims the key, and
-/// the handler's statements after the claim run under the session's `lock_timeout`, not the
-/// claim's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_waiting_duplicate_claims_when_the_first_rolls_back() {
-    let (store, _db) = store_of_its_own(4).await;
-    let key = scope("rollback-key1");
-    let (first, waiter) = first_and_a_waiting_duplicate(&store, &key).await;
-    store.rollback(first).await.unwrap();
-    let TxClaim::Claimed(tx) = waiter.await.unwrap().unwrap() else {
-        panic!("the duplicate must claim the key the first one gave up")
-    };
-    let row = tx
-        .query_one("SELECT current_setting('lock_timeout')", &[])
-        .await
-        .unwrap();
-    assert_eq!(
-        row.get::<_, String>(0),
-        "0",
-        "the claim's lock_timeout leaked into the handler's transaction"
-    );
-    store
-        .commit_response(tx, &key, FencingToken(2), &response())
-        .await
-        .unwrap();
-    let record = store.get(&key).await.unwrap().expect("committed record");
-    assert_eq!(record.state, RecordState::Completed(response()));
-}
-
-/// A duplicate waiting on an open transaction gets `Busy` once its wait passes, and gives its
-/// connection back at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn busy_after_lock_timeout_frees_the_connection() {
-    let (store, _db) = store_of_its_own(2).await;
-    let key = scope("busy-key-0001");
-    let first = begin_claimed(&store, &claim(&key, 1)).await;
-    let wait = Duration::from_millis(300);
-    let started = std::time::Instant::now();
-    let second = store.begin_claim(&claim(&key, 2), wait).await.unwrap();
-    let waited = started.elapsed();
-    assert!(matches!(second, TxClaim::Busy), "got {second:?}");
-    assert!(waited >= wait, "gave up after {waited:?}, before its wait");
-    assert!(
-        waited < wait + Duration::from_secs(3),
-        "gave up only after {waited:?}"
-    );
-    assert_eq!(sessions_waiting_on_a_lock(&store).await, 0);
-    // The second connection is free: a third transaction gets it at once.
-    let other = tokio::time::timeout(
-        Duration::from_secs(1),
-        begin_claimed(&store, &claim(&scope("busy-key-0002"), 3)),
-    )
-    .await
-    .expect("the duplicate's connection went back to the pool");
-    store.rollback(other).await.unwrap();
-    store.rollback(first).await.unwrap();
-}
-
-/// With every connection taken by transactions, a duplicate's wait for one is bounded by the
-/// same wait and ends in `Busy`, not `503`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn busy_when_no_connection_is_free() {
-    let (store, _db) = store_of_its_own(1).await;
-    let key = scope("busy-key-0003");
-    let first = begin_claimed(&store, &claim(&key, 1)).await;
-    let second = store
-        .begin_claim(&claim(&key, 2), Duration::from_millis(200))
-        .await
-        .unwrap();
-    assert!(matches!(second, TxClaim::Busy), "got {second:?}");
-    store.rollback(first).await.unwrap();
-}
-
-/// Whether the pool's one connection is outside any transaction: then two statements get two
-/// transaction ids; in a transaction left open they share one.
-async fn connection_is_idle(store: &TokioPgStore) -> bool {
-    let client = store.client().await.expect("a pooled connection");
-    let xid = || async {
-        let row = client
-            .query_one("SELECT pg_current_xact_id()::text", &[])
-            .await
-            .expect("ask the connection");
-        row.get::<_, String>(0)
-    };
-    xid().await != xid().await
-}
-
-/// After a commit, a rollback, a lost claim and a transaction dropped open (a handler that
-/// panicked), no pooled connection is left inside a transaction, and what should have
-/// committed did, alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_ending_leaves_no_connection_in_a_transaction() {
-    let (store, _db) = store_of_its_own(1).await;
-    assert!(connection_is_idle(&store).await, "at first");
-    let (committed, dropped, rolled_back) = (
-        scope("ends-commit-1"),
-        scope("ends-dropped-1"),
-        scope("ends-rolled-1"),
-    );
-    let tx = begin_claimed(&store, &claim(&committed, 1)).await;
-    store
-        .commit_response(tx, &committed, FencingToken(1), &response())
-        .await
-        .unwrap();
-    assert!(connection_is_idle(&store).await, "after a commit");
-
-    let tx = begin_claimed(&store, &claim(&rolled_back, 2)).await;
-    store.rollback(tx).await.unwrap();
-    assert!(connection_is_idle(&store).await, "after a rollback");
-
-    let lost = store
-        .begin_claim(&claim(&committed, 3), LONG_WAIT)
-        .await
-        .unwrap();
-    assert!(matches!(lost, TxClaim::Existing(_)), "got {lost:?}");
-    assert!(connection_is_idle(&store).await, "after a lost claim");
-
-    drop(begin_claimed(&store, &claim(&dropped, 4)).await);
-    assert!(connection_is_idle(&store).await, "after a drop");
-
-    assert!(store.get(&committed).await.unwrap().is_some());
-    assert!(store.get(&rolled_back).await.unwrap().is_none());
-    assert!(store.get(&dropped).await.unwrap().is_none());
-}
+pg_transaction_tests!(TokioPgStore);
 
 /// The handler's writes commit with the key's response, in one transaction: a business row
 /// written through the transaction is there after the commit, and gone after a rollback.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn handler_writes_commit_and_roll_back_with_the_key() {
-    let (store, _db) = store_of_its_own(2).await;
-    sqlx::raw_sql("CREATE TABLE notes (key text PRIMARY KEY)")
-        .execute(store.pg_store().pool())
-        .await
-        .unwrap();
+    let db = PgTestDatabase::create().await;
+    let store = TokioPgStore::with_connections(&db, 2).await;
+    create_notes(&store).await;
     let (kept, undone) = (scope("notes-key-kept"), scope("notes-key-undone"));
     let tx = begin_claimed(&store, &claim(&kept, 1)).await;
     note(&tx, "kept").await;
@@ -310,11 +65,9 @@ async fn handler_writes_commit_and_roll_back_with_the_key() {
 /// without their key's response, though the `COMMIT` was already on its way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_row_gone_from_its_transaction_commits_nothing() {
-    let (store, _db) = store_of_its_own(1).await;
-    sqlx::raw_sql("CREATE TABLE notes (key text PRIMARY KEY)")
-        .execute(store.pg_store().pool())
-        .await
-        .unwrap();
+    let db = PgTestDatabase::create().await;
+    let store = TokioPgStore::with_connections(&db, 1).await;
+    create_notes(&store).await;
     let key = scope("vanishing-key1");
     let tx = begin_claimed(&store, &claim(&key, 1)).await;
     tx.execute("INSERT INTO notes VALUES ('orphan')", &[])
@@ -335,7 +88,7 @@ async fn a_key_row_gone_from_its_transaction_commits_nothing() {
         .await
         .unwrap();
     assert_eq!(notes, 0, "the handler's write committed without its key");
-    assert!(connection_is_idle(&store).await);
+    assert!(store.connection_is_idle().await);
 }
 
 /// Counts round trips through a relay: a first request (claim, one statement of the handler's,
@@ -352,10 +105,7 @@ async fn a_first_request_is_three_round_trips_and_a_replay_one() {
         .unwrap();
     let url = idem_store::testing::with_hosts(db.url(), &[relay.addr()], "");
     let store = TokioPgStore::connect(&url).await.unwrap().with_pool_size(1);
-    sqlx::raw_sql("CREATE TABLE notes (key text PRIMARY KEY)")
-        .execute(store.pg_store().pool())
-        .await
-        .unwrap();
+    create_notes(&store).await;
     let first_request = |key: &'static str, token: i64| {
         let store = store.clone();
         async move {
@@ -399,7 +149,7 @@ async fn a_first_request_is_three_round_trips_and_a_replay_one() {
         "round trips of the next replay"
     );
     assert!(
-        connection_is_idle(&store).await,
+        store.connection_is_idle().await,
         "the ROLLBACK in passing ended the transaction"
     );
 }
@@ -464,6 +214,14 @@ async fn lease_mode_runs_on_the_same_records() {
     assert!(store.pg_store().get(&key).await.unwrap().is_some());
     let found = store.begin_claim(&claim(&key, 2), LONG_WAIT).await.unwrap();
     assert!(matches!(found, TxClaim::Existing(_)), "got {found:?}");
+}
+
+/// The test's own business table, `notes`.
+async fn create_notes(store: &TokioPgStore) {
+    sqlx::raw_sql("CREATE TABLE notes (key text PRIMARY KEY)")
+        .execute(store.pg_store().pool())
+        .await
+        .unwrap();
 }
 
 /// Inserts `key` into the test's `notes` table, in `tx`.
