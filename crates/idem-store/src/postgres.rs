@@ -137,6 +137,7 @@ macro_rules! record_columns {
        fencing_token"
     };
 }
+#[cfg(feature = "tokio-postgres")]
 pub(crate) use record_columns;
 
 pub(crate) const SELECT: &str = concat!(
@@ -158,6 +159,7 @@ WHERE account_id = $1 AND idem_key = $2 AND ($3::bigint IS NULL OR fencing_token
   AND status = 'in_progress'"
     };
 }
+#[cfg(feature = "tokio-postgres")]
 pub(crate) use complete_sql;
 
 const COMPLETE: &str = complete_sql!();
@@ -225,6 +227,7 @@ macro_rules! restore_the_wait {
           (SELECT set_config('lock_timeout', bounded.lock_timeout, true) FROM bounded)"
     };
 }
+#[cfg(feature = "tokio-postgres")]
 pub(crate) use bounded_claim;
 pub(crate) use restore_the_wait;
 
