@@ -27,12 +27,14 @@
 
 use std::ops::Deref;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool::managed::{Metrics, RecycleResult};
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures_util::FutureExt as _;
 use idem_core::{Decision, FencingToken, Record, Scope, StoredResponse, Timestamp, decide};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
@@ -121,6 +123,10 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 /// PgStore's.
 pub const DEFAULT_POOL_SIZE: usize = 10;
 
+/// How long a pooled connection may sit unused before it is closed, unless
+/// [`TokioPgStore::with_idle_timeout`] says otherwise.
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// Claims retried after the record a claim lost to vanished, or was replaced under it.
 const CLAIM_ATTEMPTS: usize = 5;
 
@@ -134,6 +140,8 @@ pub struct TokioPgStore {
     sql: PgStore,
     /// Transaction mode.
     pool: Pool,
+    /// How long a pooled connection may sit unused before it is closed.
+    idle_timeout: Arc<watch::Sender<Duration>>,
 }
 
 type Pool = deadpool::managed::Pool<Connections>;
@@ -433,7 +441,13 @@ impl TokioPgStore {
             .recycle_timeout(Some(ACQUIRE_TIMEOUT))
             .build()
             .expect("a runtime is given, so timeouts can be");
-        Ok(Self { sql, pool })
+        let store = Self {
+            sql,
+            pool,
+            idle_timeout: Arc::new(watch::Sender::new(DEFAULT_IDLE_TIMEOUT)),
+        };
+        store.close_idle_connections();
+        Ok(store)
     }
 
     /// The same store with a pool of at most `size` connections for transactions. With the
@@ -442,6 +456,35 @@ impl TokioPgStore {
     pub fn with_pool_size(self, size: usize) -> Self {
         self.pool.resize(size.max(1));
         self
+    }
+
+    /// The same store, closing pooled connections that sat unused for `timeout` (ten minutes
+    /// unless set, as sqlx closes its own), so that a burst's connections do not stay open on
+    /// the server for good. Looked for every tenth of the timeout.
+    pub fn with_idle_timeout(self, timeout: Duration) -> Self {
+        self.idle_timeout
+            .send_replace(timeout.max(Duration::from_millis(1)));
+        self
+    }
+
+    /// Starts the task that closes idle connections; it ends with the pool.
+    fn close_idle_connections(&self) {
+        let (pool, mut timeout) = (self.pool.weak(), self.idle_timeout.subscribe());
+        tokio::spawn(async move {
+            loop {
+                let idle = *timeout.borrow_and_update();
+                tokio::select! {
+                    _ = tokio::time::sleep(idle / 10) => {}
+                    // A new timeout: look with it at once.
+                    changed = timeout.changed() => if changed.is_err() { return },
+                }
+                let Some(pool) = pool.upgrade() else {
+                    return;
+                };
+                let idle = *timeout.borrow();
+                pool.retain(|_, metrics| metrics.last_used() < idle);
+            }
+        });
     }
 
     /// A pooled connection, outside any transaction: for statements of the caller's own

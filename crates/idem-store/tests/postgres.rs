@@ -11,8 +11,8 @@ use idem_store::conformance::{assert_unavailable, sweep_boundary_is_exact};
 use idem_store::fault_relay::FaultRelay;
 use idem_store::testing::{PgTestDatabase, with_database, with_hosts};
 use idem_store::{
-    ClaimOutcome, PgStore, Store, TransactionalStore,
-    admin_conformance, store_conformance, transactional_conformance,
+    ClaimOutcome, PgStore, Store, TransactionalStore, admin_conformance, store_conformance,
+    transactional_conformance,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 

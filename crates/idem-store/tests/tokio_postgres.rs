@@ -11,8 +11,8 @@ use idem_store::conformance::assert_unavailable;
 use idem_store::fault_relay::FaultRelay;
 use idem_store::testing::PgTestDatabase;
 use idem_store::{
-    ClaimOutcome, Store, TokioPgStore, TokioPgTx, TransactionalStore, TxClaim,
-    admin_conformance, store_conformance, transactional_conformance,
+    ClaimOutcome, Store, TokioPgStore, TokioPgTx, TransactionalStore, TxClaim, admin_conformance,
+    store_conformance, transactional_conformance,
 };
 
 mod common;
@@ -229,4 +229,45 @@ async fn note(tx: &TokioPgTx, key: &str) {
     tx.execute("INSERT INTO notes VALUES ($1)", &[&key])
         .await
         .unwrap();
+}
+
+/// Connections a burst opened are closed once they sat unused for the idle timeout, and the
+/// store opens new ones when it needs them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_connections_are_closed_after_the_idle_timeout() {
+    let db = PgTestDatabase::create().await;
+    let store = TokioPgStore::with_connections(&db, 4)
+        .await
+        .with_idle_timeout(Duration::from_millis(300));
+    let sessions = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND backend_type = 'client backend'
+               AND application_name = ''",
+        )
+        .fetch_one(store.pg_store().pool())
+        .await
+        .unwrap()
+    };
+    let before = sessions().await;
+    let burst: Vec<_> = (0..4).map(|_| store.client()).collect();
+    let clients = futures_util::future::try_join_all(burst).await.unwrap();
+    drop(clients);
+    assert_eq!(
+        sessions().await - before,
+        4,
+        "the burst's connections are open"
+    );
+    // PostgreSQL announces no such event, so this watches its sessions, with a deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sessions().await > before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "idle connections stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let key = scope("after-idle-01");
+    let tx = begin_claimed(&store, &claim(&key, 1)).await;
+    store.rollback(tx).await.unwrap();
 }

@@ -745,7 +745,11 @@ async fn on_tokio_postgres_the_layer_claims_first_unless_told_to_read() {
         }
         assert!(!answers[0].0 && answers[1].0, "the second copy replays");
         assert_eq!(answers[0].1, answers[1].1);
-        assert_eq!(store.reads.load(Ordering::SeqCst), reads, "read first: {read_first}");
+        assert_eq!(
+            store.reads.load(Ordering::SeqCst),
+            reads,
+            "read first: {read_first}"
+        );
     }
 }
 

@@ -8,10 +8,10 @@ use idem_core::{
     AccountId, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
     RequestParts, Scope, StoredResponse, Timestamp, decide,
 };
-use idem_store::testing::PgTestDatabase;
-use idem_store::{NewClaim, PgStore, Result, TransactionalStore, TxClaim};
 #[cfg(feature = "tokio-postgres")]
 use idem_store::TokioPgStore;
+use idem_store::testing::PgTestDatabase;
+use idem_store::{NewClaim, PgStore, Result, TransactionalStore, TxClaim};
 use sqlx::PgPool;
 
 pub(crate) const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -195,7 +195,9 @@ async fn first_and_a_waiting_duplicate<S: PgTestStore>(
 /// A duplicate waiting on an open transaction gets `Busy` once its lock_timeout passes, and
 /// gives its connection back at once. (Two connections: the first transaction's and the
 /// duplicate's.)
-pub(crate) async fn busy_after_lock_timeout_frees_the_connection<S: PgTestStore>(db: PgTestDatabase) {
+pub(crate) async fn busy_after_lock_timeout_frees_the_connection<S: PgTestStore>(
+    db: PgTestDatabase,
+) {
     let store = S::with_connections(&db, 2).await;
     let key = scope("busy-key-0001");
     let first = begin_claimed(&store, &claim(&key, 1)).await;
