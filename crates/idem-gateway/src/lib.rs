@@ -263,8 +263,7 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
         BoxCloneSyncService::new(routes::Dispatch { routes, fallback })
     };
     let published = Arc::new(published);
-    let auth = Arc::new((config.credential_header.clone(), config.require_auth));
-    Router::new()
+    let router = Router::new()
         .route(
             POLICY_PATH,
             axum::routing::get(move || {
@@ -272,11 +271,17 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
                 async move { axum::Json((*published).clone()) }
             }),
         )
-        .fallback_service(services)
-        .layer(axum::middleware::from_fn_with_state(
-            auth,
-            require_credential,
-        ))
+        .fallback_service(services);
+    if !config.require_auth {
+        // Nothing to refuse: no middleware to pass through (it boxes every request's future
+        // and clones the router behind it).
+        return router;
+    }
+    let auth = Arc::new(config.credential_header.clone());
+    router.layer(axum::middleware::from_fn_with_state(
+        auth,
+        require_credential,
+    ))
 }
 
 /// The policy of a route with `rules`: the configuration's, with the route's key rule,
@@ -430,13 +435,13 @@ fn scope_of(
     AccountId::new(format!("hmac:{}", &secret.hmac_hex(&hashed)[..32]))
 }
 
+/// Refuses a request without the credential header with `401`.
 async fn require_credential(
-    State(auth): State<Arc<(HeaderName, bool)>>,
+    State(header_name): State<Arc<HeaderName>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let (header_name, required) = &*auth;
-    if *required && !request.headers().contains_key(header_name) {
+    if !request.headers().contains_key(&*header_name) {
         let body = serde_problem(
             StatusCode::UNAUTHORIZED,
             &format!("this gateway requires the {header_name} header"),

@@ -3,14 +3,19 @@
 use std::fmt;
 use std::io::Write;
 use std::path::Path;
+use std::sync::Arc;
 
 use hmac::{Hmac, KeyInit, Mac};
 use rand::RngCore;
 use sha2::Sha256;
 
 /// The secret the gateway keys its HMACs with. Never printed.
+///
+/// It is kept as the HMAC already keyed with it, shared by every clone: each request
+/// starts from a copy of that state instead of hashing the key again, and the gateway's
+/// services (cloned for every request) copy no bytes of it.
 #[derive(Clone)]
-pub struct Secret(Vec<u8>);
+pub struct Secret(Arc<Hmac<Sha256>>);
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -43,7 +48,8 @@ impl Secret {
         if bytes.len() < 16 {
             return Err(SecretError::TooShort);
         }
-        Ok(Self(bytes))
+        let keyed = Hmac::<Sha256>::new_from_slice(&bytes).expect("HMAC takes any key length");
+        Ok(Self(Arc::new(keyed)))
     }
 
     /// Reads the secret from `path`, or, when the file does not exist, generates 32 random
@@ -80,7 +86,7 @@ impl Secret {
 
     /// HMAC-SHA256 of `parts` (length-prefixed, so no two lists collide), hex-encoded.
     pub(crate) fn hmac_hex(&self, parts: &[&[u8]]) -> String {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        let mut mac = Hmac::<Sha256>::clone(&self.0);
         for part in parts {
             mac.update(&(part.len() as u64).to_be_bytes());
             mac.update(part);

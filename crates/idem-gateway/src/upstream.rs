@@ -71,45 +71,62 @@ impl Upstream {
     }
 }
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
 /// Tells the upstream who called and how: `X-Forwarded-For` (the client's address appended to
 /// any the request brought), `X-Forwarded-Proto`, and `Forwarded` (RFC 7239) with `for`,
 /// `proto` and `host`, appended after any element an earlier proxy wrote. Without a [`Peer`]
 /// (a connection the gateway did not accept itself) only the host is told.
 fn add_forwarding(headers: &mut HeaderMap, peer: Option<Peer>, host: Option<&HeaderValue>) {
-    let mut element = Vec::new();
+    use std::fmt::Write as _;
+    // One element, its pairs joined by `;`, written into one string (this runs for every
+    // request).
+    let mut element = String::with_capacity(64);
     if let Some(peer) = peer {
         let ip = peer.addr.ip();
-        let seen = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-            Some(earlier) if !earlier.trim().is_empty() => format!("{earlier}, {ip}"),
-            _ => ip.to_string(),
-        };
+        let mut seen = String::with_capacity(48);
+        if let Some(earlier) = headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok())
+            && !earlier.trim().is_empty()
+        {
+            seen.push_str(earlier);
+            seen.push_str(", ");
+        }
+        let _ = write!(seen, "{ip}");
         if let Ok(value) = HeaderValue::try_from(seen) {
-            headers.insert("x-forwarded-for", value);
+            headers.insert(X_FORWARDED_FOR, value);
         }
         let proto = if peer.tls { "https" } else { "http" };
-        headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
         // RFC 7239 §6: an IPv6 address is quoted and bracketed.
-        element.push(match ip {
-            std::net::IpAddr::V4(ip) => format!("for={ip}"),
-            std::net::IpAddr::V6(ip) => format!("for=\"[{ip}]\""),
-        });
-        element.push(format!("proto={proto}"));
+        let _ = match ip {
+            std::net::IpAddr::V4(ip) => write!(element, "for={ip}"),
+            std::net::IpAddr::V6(ip) => write!(element, "for=\"[{ip}]\""),
+        };
+        element.push_str(";proto=");
+        element.push_str(proto);
     }
     // A host with characters outside a token is sent as a quoted string.
     if let Some(host) = host.and_then(|h| h.to_str().ok()) {
-        if host
+        let token = host
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b".-_~".contains(&b))
-        {
-            element.push(format!("host={host}"));
-        } else if !host.contains(['"', '\\']) {
-            element.push(format!("host=\"{host}\""));
+            .all(|b| b.is_ascii_alphanumeric() || b".-_~".contains(&b));
+        if token || !host.contains(['"', '\\']) {
+            if !element.is_empty() {
+                element.push(';');
+            }
+            element.push_str(if token { "host=" } else { "host=\"" });
+            element.push_str(host);
+            if !token {
+                element.push('"');
+            }
         }
     }
     if element.is_empty() {
         return;
     }
-    let element = element.join(";");
     let value = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
         Some(earlier) if !earlier.trim().is_empty() => format!("{earlier}, {element}"),
         _ => element,
@@ -119,33 +136,36 @@ fn add_forwarding(headers: &mut HeaderMap, peer: Option<Peer>, host: Option<&Hea
     }
 }
 
-/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+/// Headers that belong to one connection, never forwarded (RFC 9110 §7.6.1). Names, not
+/// strings: a string is parsed into a name on every lookup.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Headers named in `Connection` are hop-by-hop too.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
     }
-    for name in HOP_BY_HOP {
-        headers.remove(*name);
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
     }
 }
 
@@ -251,7 +271,7 @@ impl Upstream {
         let peer = parts.extensions.get::<Peer>().copied();
         add_forwarding(&mut parts.headers, peer, original_host.as_ref());
         if let Some(host) = original_host {
-            parts.headers.insert("x-forwarded-host", host);
+            parts.headers.insert(X_FORWARDED_HOST, host);
         }
         let scope = parts.extensions.get::<Scope>();
         match (self.forwarding, scope) {
@@ -263,12 +283,12 @@ impl Upstream {
                     scope.key.as_str().as_bytes(),
                 ]);
                 parts.headers.insert(
-                    "idempotency-key",
+                    IDEMPOTENCY_KEY,
                     HeaderValue::from_str(&derived).expect("hex is a valid header value"),
                 );
             }
             (KeyForwarding::Derived, None) | (KeyForwarding::Drop, _) => {
-                parts.headers.remove("idempotency-key");
+                parts.headers.remove(IDEMPOTENCY_KEY);
             }
         }
     }

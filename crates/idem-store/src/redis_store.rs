@@ -8,6 +8,7 @@
 //! The store's own docs ([`RedisStore`]) say what Redis does not give, how keys are laid out
 //! and how idem's clock and Redis's expiry meet.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -532,21 +533,31 @@ impl RedisStore {
     pub fn record_key(&self, scope: &Scope) -> String {
         let account = scope.account.as_str();
         let key = scope.key.as_str();
-        match self.tag(scope) {
-            None => format!("{}:k:{}:{account}:{key}", self.prefix, account.len()),
-            Some(bucket) => format!(
-                "{}:{{b{bucket}}}:k:{}:{account}:{key}",
-                self.prefix,
-                account.len()
-            ),
+        let length = account.len().to_string();
+        // Built by hand, not with `format!`: it is made twice for every request.
+        let mut record = String::with_capacity(
+            self.prefix.len() + 16 + length.len() + account.len() + key.len(),
+        );
+        record.push_str(&self.prefix);
+        if let Some(bucket) = self.tag(scope) {
+            record.push_str(":{b");
+            record.push_str(&bucket.to_string());
+            record.push('}');
         }
+        record.push_str(":k:");
+        record.push_str(&length);
+        record.push(':');
+        record.push_str(account);
+        record.push(':');
+        record.push_str(key);
+        record
     }
 
     /// The sweep index that holds `scope`'s record.
-    fn index_key(&self, scope: &Scope) -> String {
+    fn index_key(&self, scope: &Scope) -> Cow<'_, str> {
         match &self.layout {
-            Layout::Single { index } => index.clone(),
-            Layout::Cluster => self.bucket_index(bucket_of(scope)),
+            Layout::Single { index } => Cow::Borrowed(index),
+            Layout::Cluster => Cow::Owned(self.bucket_index(bucket_of(scope))),
         }
     }
 
@@ -565,8 +576,12 @@ impl RedisStore {
         keys: &[&str],
         args: impl Fn(&mut Cmd),
     ) -> Result<(Value, Option<i64>)> {
-        let mut call = redis::cmd("EVALSHA");
-        call.arg(lua.script.get_hash()).arg(keys.len()).arg(keys);
+        // Room for every argument up front: a script call has up to a dozen.
+        let mut call = redis::Cmd::with_capacity(16, 256);
+        call.arg("EVALSHA")
+            .arg(lua.script.get_hash())
+            .arg(keys.len())
+            .arg(keys);
         args(&mut call);
         let first = self.send(&call, keys[0], lua.confirmed).await;
         match first {
@@ -585,6 +600,10 @@ impl RedisStore {
     /// connection, on a cluster to the primary of `key`'s slot.
     async fn send(&self, call: &Cmd, key: &str, confirmed: bool) -> Result<(Value, Option<i64>)> {
         let wait = self.wait.filter(|_| confirmed);
+        if let (None, Connection::Single(_)) = (wait, &self.conn) {
+            // Nothing to send after it: the command alone, without a pipeline's copy of it.
+            return Ok((self.conn.query(call).await?, None));
+        }
         let mut pipeline = redis::pipe();
         pipeline.add_command(call.clone());
         if let Some(wait) = wait {

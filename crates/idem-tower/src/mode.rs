@@ -69,7 +69,9 @@ pub struct TransactionMode<St>(St);
 /// [`with_reconciliation`](crate::IdempotencyLayer::with_reconciliation)).
 #[derive(Debug, Clone)]
 pub struct LeaseMode<St> {
-    store: St,
+    // Shared: the layer clones its mode for every request, and a store's own clone may
+    // allocate (Redis's holds its clients and key names).
+    store: Arc<St>,
     pub(crate) take_over: bool,
     pub(crate) wait: Option<(Duration, OutcomeSignal)>,
     pub(crate) reconciliation: Option<Reconciliation>,
@@ -86,7 +88,7 @@ impl<St: Store> LeaseMode<St> {
     /// Takes over a claim whose lease ran out; no waiting, no reconciler.
     pub(crate) fn new(store: St) -> Self {
         Self {
-            store,
+            store: Arc::new(store),
             take_over: true,
             wait: None,
             reconciliation: None,
@@ -246,15 +248,12 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
         ResBody::Error: fmt::Display,
     {
-        let label = claim.scope().log_label();
         request.extensions_mut().insert(claim.scope().clone());
         claim.new_claim.take_over_expired_lease = self.take_over;
-        if let ControlFlow::Break(answer) = self.claim_or_wait(&mut claim, &label).await {
+        if let ControlFlow::Break(answer) = self.claim_or_wait(&mut claim).await {
             return Ok(answer);
         }
-        let response = self
-            .renewing_lease(&claim, &label, call(&mut inner, request))
-            .await;
+        let response = self.renewing_lease(&claim, call(&mut inner, request)).await;
         let response = match response {
             Ok(response) => response,
             // The service failed without a response: the outcome is unknown.
@@ -274,9 +273,7 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
                     .response("the response could not be produced; the outcome is unknown"));
             }
         };
-        Ok(self
-            .store_outcome(claim, &label, response, outcome, stored)
-            .await)
+        Ok(self.store_outcome(claim, response, outcome, stored).await)
     }
 }
 
@@ -285,15 +282,14 @@ impl<St: Store> LeaseMode<St> {
     /// settles the request. With an outcome wait, a duplicate of work still running (or of an
     /// unknown outcome a reconciler will resolve) waits for it and claims again when woken,
     /// until the wait runs out.
-    async fn claim_or_wait<B: From<Bytes>>(
-        &self,
-        claim: &mut Claim,
-        label: &str,
-    ) -> ControlFlow<Response<B>> {
+    async fn claim_or_wait<B: From<Bytes>>(&self, claim: &mut Claim) -> ControlFlow<Response<B>> {
         let deadline = self
             .wait
             .as_ref()
             .map(|(max, _)| tokio::time::Instant::now() + *max);
+        // Waiters are found by the key's label, a hash: made only where there are any.
+        let label = self.wait.as_ref().map(|_| claim.scope().log_label());
+        let label = label.as_deref().unwrap_or_default();
         loop {
             // Each attempt is dated when it is made: the first comes after the replay read,
             // later ones after a wait.
@@ -350,12 +346,7 @@ impl<St: Store> LeaseMode<St> {
 
     /// Runs `work` while renewing the lease every third of it, so a slow call is not taken
     /// over.
-    async fn renewing_lease<T>(
-        &self,
-        claim: &Claim,
-        label: &str,
-        work: impl Future<Output = T>,
-    ) -> T {
+    async fn renewing_lease<T>(&self, claim: &Claim, work: impl Future<Output = T>) -> T {
         tokio::pin!(work);
         let mut renewals = tokio::time::interval(claim.policy.lease / 3);
         renewals.tick().await;
@@ -366,7 +357,10 @@ impl<St: Store> LeaseMode<St> {
                     let until = claim.clock.now().plus(claim.policy.lease_hold());
                     match self.store.renew(claim.scope(), claim.token(), until).await {
                         Ok(true) => {}
-                        Ok(false) => tracing::warn!(key = %label, "lease lost while the work ran"),
+                        Ok(false) => tracing::warn!(
+                            key = %claim.scope().log_label(),
+                            "lease lost while the work ran"
+                        ),
                         Err(e) => tracing::warn!(error = %ErrorChain(&e), "lease renewal failed"),
                     }
                 }
@@ -380,7 +374,6 @@ impl<St: Store> LeaseMode<St> {
     async fn store_outcome<B>(
         self,
         claim: Claim,
-        label: &str,
         mut response: Response<B>,
         outcome: Outcome,
         stored: idem_core::StoredResponse,
@@ -404,20 +397,21 @@ impl<St: Store> LeaseMode<St> {
             && matches!(stored_ok, Ok(true))
             && let Some((_, signal)) = &self.wait
         {
-            signal.wake(label);
+            signal.wake(&claim.scope().log_label());
         }
         match stored_ok {
             Ok(true) => {}
             Ok(false) => {
-                tracing::warn!(key = %label, "outcome not stored: the claim was taken over")
+                tracing::warn!(key = %claim.scope().log_label(), "outcome not stored: the claim was taken over")
             }
             // The work happened and the client gets its answer; left in progress, the record
             // would be taken over (the work run again) or reconciled once its lease runs out.
             // Keep trying to store it while the claim still holds.
             Err(e) if outcome == Outcome::Store => {
-                tracing::warn!(error = %ErrorChain(&e), key = %label, "storing the outcome failed; retrying while the claim holds");
+                tracing::warn!(error = %ErrorChain(&e), key = %claim.scope().log_label(), "storing the outcome failed; retrying while the claim holds");
                 let signal = self.wait.map(|(_, signal)| signal);
-                tokio::spawn(store_outcome_later(self.store, claim, stored, signal));
+                let store = St::clone(&self.store);
+                tokio::spawn(store_outcome_later(store, claim, stored, signal));
             }
             Err(e) => tracing::error!(error = %ErrorChain(&e), "storing the outcome failed"),
         }
@@ -430,10 +424,11 @@ impl<St: Store> LeaseMode<St> {
 
     /// [`outcome_unknown`] with this mode's store and reconciler.
     async fn outcome_unknown(&self, claim: &Claim) -> (idem_store::Result<bool>, Duration) {
-        outcome_unknown(&self.store, claim, self.reconciliation.as_ref()).await
+        outcome_unknown(&*self.store, claim, self.reconciliation.as_ref()).await
     }
 
-    /// Drops the wait entry for `label` when nobody listens on it any more.
+    /// Drops the wait entry for `label` when nobody listens on it any more (without a wait,
+    /// there are no entries).
     fn forget_waiters(&self, label: &str) {
         if let Some((_, signal)) = &self.wait {
             signal.forget_if_unused(label);
