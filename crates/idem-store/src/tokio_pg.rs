@@ -30,7 +30,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool::managed::{Metrics, RecycleResult};
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures_util::FutureExt as _;
 use idem_core::{Decision, FencingToken, Record, Scope, StoredResponse, Timestamp, decide};
@@ -144,63 +143,8 @@ pub struct TokioPgStore {
     idle_timeout: Arc<watch::Sender<Duration>>,
 }
 
-type Pool = deadpool::managed::Pool<Connections>;
-type Object = deadpool::managed::Object<Connections>;
-
-/// deadpool-postgres's connections, each also knowing whether it owes the server a `ROLLBACK`.
-/// Written by hand around deadpool-postgres's manager because a lost claim's `ROLLBACK` is
-/// worth sending only with the next statements on its connection, and deadpool's own hooks
-/// cannot carry that from one use of a connection to the next.
-#[derive(Debug)]
-struct Connections(Manager);
-
-/// A pooled connection.
-#[derive(Debug)]
-struct Connection {
-    client: ClientWrapper,
-    /// Its last transaction wrote nothing and has not been ended yet.
-    rollback_owed: bool,
-}
-
-impl Connection {
-    /// Sends the `ROLLBACK` this connection owes, if it owes one, without waiting for the
-    /// answer: whatever is sent next on it queues behind, so it costs no round trip of its own.
-    /// (tokio-postgres sends a request when its future is first polled, and reads and drops the
-    /// answers of one whose future is gone. A closed connection answers at once, with an error
-    /// the next statement meets too.)
-    fn settle(&mut self) {
-        if std::mem::take(&mut self.rollback_owed) {
-            let _ = self.client.batch_execute(ROLLBACK).now_or_never();
-        }
-    }
-}
-
-impl deadpool::managed::Manager for Connections {
-    type Type = Connection;
-    type Error = tokio_postgres::Error;
-
-    async fn create(&self) -> Result<Connection, tokio_postgres::Error> {
-        Ok(Connection {
-            client: self.0.create().await?,
-            rollback_owed: false,
-        })
-    }
-
-    async fn recycle(
-        &self,
-        connection: &mut Connection,
-        metrics: &Metrics,
-    ) -> RecycleResult<tokio_postgres::Error> {
-        self.0.recycle(&mut connection.client, metrics).await?;
-        // Whoever takes the connection gets it outside any transaction.
-        connection.settle();
-        Ok(())
-    }
-
-    fn detach(&self, connection: &mut Connection) {
-        self.0.detach(&mut connection.client);
-    }
-}
+type Pool = deadpool_postgres::Pool;
+type Object = deadpool_postgres::Object;
 
 /// A pooled connection of a [`TokioPgStore`], outside any transaction, for statements of the
 /// handler's own outside an idempotent request ([`TokioPgStore::client`]).
@@ -211,7 +155,7 @@ impl Deref for TokioPgClient {
     type Target = ClientWrapper;
 
     fn deref(&self) -> &ClientWrapper {
-        &self.0.client
+        &self.0
     }
 }
 
@@ -235,11 +179,9 @@ impl Deref for TokioPgTx {
     type Target = ClientWrapper;
 
     fn deref(&self) -> &ClientWrapper {
-        &self
-            .client
+        self.client
             .as_ref()
             .expect("the client is there until the drop")
-            .client
     }
 }
 
@@ -304,10 +246,6 @@ impl TokioPgTx {
         claim: &NewClaim,
         lock_wait: &str,
     ) -> Result<Option<tokio_postgres::Row>, tokio_postgres::Error> {
-        // An earlier attempt's ROLLBACK goes out ahead of this BEGIN.
-        if let Some(connection) = self.client.as_mut() {
-            connection.settle();
-        }
         let begin = self.prepare_typed_cached(BEGIN, &[]).await?;
         let statement = self.prepare_typed_cached(claim_sql, CLAIM_TYPES).await?;
         let (account, key) = (claim.scope.account.as_str(), claim.scope.key.as_str());
@@ -335,13 +273,15 @@ impl TokioPgTx {
         claimed
     }
 
-    /// Ends the transaction with the next statements sent on its connection, whoever sends
-    /// them (see [`Connection::settle`]): a lost claim wrote nothing, so nothing can fail to
-    /// roll back, and its `ROLLBACK` costs no round trip of its own.
+    /// Sends `ROLLBACK` without waiting for its answer: a lost claim wrote nothing, so
+    /// nothing can fail to roll back, and its `ROLLBACK` costs no round trip of its own.
+    /// Whatever is sent next on the connection, by this request or the pool's next user,
+    /// queues behind it. (tokio-postgres sends a request when its future is first polled, and
+    /// reads and drops the answer of one whose future is gone; a closed connection answers at
+    /// once, with an error the next statement meets too.) Sent now rather than with the
+    /// connection's next statements, so that no pooled connection sits idle in a transaction.
     fn roll_back_in_passing(&mut self) {
-        if let Some(connection) = self.client.as_mut() {
-            connection.rollback_owed = true;
-        }
+        let _ = self.batch_execute(ROLLBACK).now_or_never();
         self.end();
     }
 
@@ -433,7 +373,7 @@ impl TokioPgStore {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let pool = Pool::builder(Connections(manager))
+        let pool = Pool::builder(manager)
             .max_size(DEFAULT_POOL_SIZE)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(ACQUIRE_TIMEOUT))
