@@ -25,6 +25,7 @@ use crate::body::ResponseBody;
 use crate::claim::Claim;
 use crate::mode::{LeaseMode, Mode, TransactionMode};
 use crate::response::{Refusal, Refused, Served, answer, store_unavailable};
+use crate::section::{Panicked, Section};
 use crate::{OutcomeSignal, Reconciliation};
 
 /// Finds the account a request acts for.
@@ -419,13 +420,13 @@ where
         }
         Err(answered) => return Ok(answered),
     };
-    // From the claim to the stored outcome the work runs in its own task: a client that hangs
-    // up drops this future, not the task, so the record is never left half-written.
-    let section = tokio::spawn(layer.mode.run(claim, inner, request));
-    match section.await {
+    // From the claim to the stored outcome the work runs to its end: a client that hangs up
+    // drops this future, and the section goes on in a task of its own, so the record is never
+    // left half-written.
+    match Section::new(layer.mode.run(claim, inner, request)).await {
         Ok(result) => result,
-        Err(e) => {
-            tracing::error!(error = %e, "the idempotent section panicked");
+        Err(Panicked) => {
+            tracing::error!("the idempotent section panicked");
             Ok(Refusal::StoreUnavailable
                 .response("the request failed unexpectedly; retry with the same key"))
         }

@@ -51,6 +51,7 @@ mod mode;
 mod outcome;
 mod reconcile;
 mod response;
+mod section;
 mod signal;
 
 #[cfg(feature = "axum")]

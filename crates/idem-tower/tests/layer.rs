@@ -29,6 +29,7 @@ struct Script {
     gate: bool,
     body_len: usize,
     release: bool,
+    panic: bool,
 }
 
 #[derive(Clone)]
@@ -54,6 +55,7 @@ impl Handler {
         if script.gate {
             self.gate.acquire().await.unwrap().forget();
         }
+        assert!(!script.panic, "the scripted handler panics");
         let status = StatusCode::from_u16(script.status.unwrap_or(201)).unwrap();
         let mut response = (
             status,
@@ -512,6 +514,30 @@ async fn a_client_hanging_up_does_not_cancel_the_work() {
         assert_eq!(answer.0, 201);
         assert!(replayed(&answer.1));
         assert_eq!(app.calls(), 1);
+    }
+}
+
+/// A handler that panics gets its client a `503` that says to retry, and takes neither the
+/// connection's other requests nor the server down; in transaction mode nothing it wrote is
+/// kept, so the retry runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_answered_503_and_the_server_goes_on() {
+    for kind in [Kind::Transaction, Kind::Lease] {
+        let app = start(kind, |_| {}).await;
+        let (status, headers, body) = app.send(Some("panic-key-0001"), r#"{"panic": true}"#).await;
+        assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+        assert!(headers.contains_key("retry-after"));
+        assert!(String::from_utf8_lossy(&body).contains("failed unexpectedly"));
+        let (status, _, _) = app.send(Some("panic-key-0002"), "{}").await;
+        assert_eq!(status, 201);
+        if kind == Kind::Transaction {
+            assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+            let (status, _, _) = app.send(Some("panic-key-0001"), "{}").await;
+            assert_eq!(
+                status, 201,
+                "the panicked request's key was rolled back with it"
+            );
+        }
     }
 }
 
