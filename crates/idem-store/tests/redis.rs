@@ -447,9 +447,10 @@ async fn sweep_trusts_the_record_over_the_index() {
     assert_eq!(score, Some(long.lease_until.0));
 }
 
-/// Without a sweeper the index stays bounded: a claim drops entries more than the slack past
-/// their time (Redis has expired their records by then, by its own clock). The record itself
-/// is left to its TTL, and by the caller's clock it is expired all the same.
+/// Without a sweeper the index stays bounded: the first claim of each second drops entries
+/// more than the slack past their time (Redis has expired their records by then, by its own
+/// clock), and the claims in between leave the index alone. The record itself is left to its
+/// TTL, and by the caller's clock it is expired all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_trim_the_index_past_the_slack() {
     let (store, prefix) = fresh_store().await;
@@ -470,13 +471,22 @@ async fn claims_trim_the_index_past_the_slack() {
     let entries: u64 = conn.zcard(&index).unwrap();
     assert_eq!(entries, 2);
 
-    let past = within.plus(Duration::from_millis(1));
+    // Past the slack, but within a second of the last trim: left for the next one.
+    let soon = within.plus(Duration::from_millis(1));
     store
-        .claim(&claim(&scope("acct_redis", "new-key-00002"), 1, past))
+        .claim(&claim(&scope("acct_redis", "new-key-00002"), 1, soon))
         .await
         .unwrap();
     let entries: u64 = conn.zcard(&index).unwrap();
-    assert_eq!(entries, 2, "the old entry is gone, the new ones stay");
+    assert_eq!(entries, 3, "no trim within a second of the last");
+
+    let past = within.plus(Duration::from_secs(1));
+    store
+        .claim(&claim(&scope("acct_redis", "new-key-00003"), 1, past))
+        .await
+        .unwrap();
+    let entries: u64 = conn.zcard(&index).unwrap();
+    assert_eq!(entries, 3, "the old entry is gone, the new ones stay");
     assert_eq!(
         store.claim(&claim(&old, 2, past)).await.unwrap(),
         ClaimOutcome::Claimed
