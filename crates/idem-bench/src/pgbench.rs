@@ -20,6 +20,8 @@ pub(crate) struct Pgbench {
     dir: PathBuf,
     /// Which statements.
     kind: Script,
+    /// Clients, when not one per concurrent request of the plan.
+    clients: Option<usize>,
 }
 
 /// `pgbench --version`, or why it cannot run.
@@ -252,17 +254,24 @@ impl Pgbench {
             url: url.to_owned(),
             dir: dir.to_owned(),
             kind,
+            clients: None,
         })
     }
 
-    /// Runs pgbench with `plan.concurrency` clients for the warm-up and the window, and reads
+    /// The same workload on `clients` connections, whatever the plan's concurrency.
+    pub(crate) fn with_clients(mut self, clients: usize) -> Self {
+        self.clients = Some(clients);
+        self
+    }
+
+    /// Runs pgbench with `plan.concurrency` clients (or its own number) for the warm-up and the window, and reads
     /// throughput and latencies of the window from its per-transaction log.
     pub(crate) async fn run(&self, plan: Plan, run: &str) -> anyhow::Result<Sample> {
         // -T takes whole seconds; one more so the window never reaches past the last
         // transaction (the first one ends a moment after pgbench starts its clock).
         let total = (plan.warmup + plan.duration).as_secs_f64().ceil() as u64 + 1;
         let prefix = self.dir.join(format!("log-{run}"));
-        let clients = plan.concurrency;
+        let clients = self.clients.unwrap_or(plan.concurrency);
         // -M prepared: sqlx prepares its statements too. -j 2: this machine's cores.
         let out = Command::new("pgbench")
             .args(["-n", "-M", "prepared", "-j", "2", "-l"])

@@ -156,7 +156,7 @@ impl Row {
             ratio_rounds: Vec::new(),
             added_p50_ms: None,
             added_p99_ms: None,
-            target: c.target,
+            target: c.target_at(run.db_latency_ms),
             met: None,
         }
     }
@@ -466,8 +466,8 @@ fn row(run: Run, c: &Comparison, a: Side, b: Side) -> Row {
         added_p50_ms: added(|s| s.p50_ms),
         added_p99_ms: added(|s| s.p99_ms),
         ratio_rounds,
-        target: c.target,
-        met: c.target.zip(ratio).map(|(t, r)| t.met(r)),
+        target: c.target_at(run.db_latency_ms),
+        met: c.target_at(run.db_latency_ms).zip(ratio).map(|(t, r)| t.met(r)),
         a: Some(a),
         b: Some(b),
     }
