@@ -467,7 +467,10 @@ fn row(run: Run, c: &Comparison, a: Side, b: Side) -> Row {
         added_p99_ms: added(|s| s.p99_ms),
         ratio_rounds,
         target: c.target_at(run.db_latency_ms),
-        met: c.target_at(run.db_latency_ms).zip(ratio).map(|(t, r)| t.met(r)),
+        met: c
+            .target_at(run.db_latency_ms)
+            .zip(ratio)
+            .map(|(t, r)| t.met(r)),
         a: Some(a),
         b: Some(b),
     }
