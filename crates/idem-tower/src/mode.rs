@@ -347,25 +347,18 @@ impl<St: Store> LeaseMode<St> {
     /// Runs `work` while renewing the lease every third of it, so a slow call is not taken
     /// over.
     async fn renewing_lease<T>(&self, claim: &Claim, work: impl Future<Output = T>) -> T {
-        tokio::pin!(work);
-        let mut renewals = tokio::time::interval(claim.policy.lease / 3);
-        renewals.tick().await;
-        loop {
-            tokio::select! {
-                output = &mut work => return output,
-                _ = renewals.tick() => {
-                    let until = claim.clock.now().plus(claim.policy.lease_hold());
-                    match self.store.renew(claim.scope(), claim.token(), until).await {
-                        Ok(true) => {}
-                        Ok(false) => tracing::warn!(
-                            key = %claim.scope().log_label(),
-                            "lease lost while the work ran"
-                        ),
-                        Err(e) => tracing::warn!(error = %ErrorChain(&e), "lease renewal failed"),
-                    }
-                }
+        renew_while(claim.policy.lease / 3, work, || async {
+            let until = claim.clock.now().plus(claim.policy.lease_hold());
+            match self.store.renew(claim.scope(), claim.token(), until).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    key = %claim.scope().log_label(),
+                    "lease lost while the work ran"
+                ),
+                Err(e) => tracing::warn!(error = %ErrorChain(&e), "lease renewal failed"),
             }
-        }
+        })
+        .await
     }
 
     /// Stores the work's outcome as its response marks it (stored, released, or unknown),
@@ -432,6 +425,24 @@ impl<St: Store> LeaseMode<St> {
     fn forget_waiters(&self, label: &str) {
         if let Some((_, signal)) = &self.wait {
             signal.forget_if_unused(label);
+        }
+    }
+}
+
+/// Runs `work`, calling `renew` every `every` while it runs, the first time a whole `every`
+/// after the start. (Not `interval`'s first tick, which is due at once but, rounded up to the
+/// timer's next millisecond, held every request up to a millisecond before its work began.)
+async fn renew_while<T, R: Future<Output = ()>>(
+    every: Duration,
+    work: impl Future<Output = T>,
+    mut renew: impl FnMut() -> R,
+) -> T {
+    tokio::pin!(work);
+    let mut renewals = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            output = &mut work => return output,
+            _ = renewals.tick() => renew().await,
         }
     }
 }
@@ -504,4 +515,43 @@ fn set_retry_after<B>(response: &mut Response<B>, after: Duration) {
         .headers_mut()
         .entry(http::header::RETRY_AFTER)
         .or_insert_with(|| retry_after_value(after));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::time::Instant;
+
+    /// The work starts with no wait for a timer, and the lease is renewed every `every` while
+    /// it runs, not before the first `every` has passed. On a paused clock, any wait for a
+    /// timer shows as time that passed.
+    #[tokio::test(start_paused = true)]
+    async fn work_starts_at_once_and_renewals_come_every_period() {
+        // Between two of the timer's millisecond ticks, where a request usually starts.
+        tokio::time::advance(Duration::from_micros(500)).await;
+        let started = Instant::now();
+        let began = renew_while(
+            Duration::from_secs(10),
+            async { Instant::now() },
+            || async { panic!("no renewal for work that ends at once") },
+        )
+        .await;
+        assert_eq!(
+            began, started,
+            "the work waited for a timer before it began"
+        );
+
+        let renewals = AtomicUsize::new(0);
+        let work = tokio::time::sleep(Duration::from_secs(25));
+        renew_while(Duration::from_secs(10), work, || async {
+            renewals.fetch_add(1, Ordering::Relaxed);
+        })
+        .await;
+        assert_eq!(
+            renewals.load(Ordering::Relaxed),
+            2,
+            "renewed at 10 s and 20 s"
+        );
+    }
 }
