@@ -363,6 +363,13 @@ const GATEWAY_REDIS: &[Comparison] = &[
         "plain",
         None,
     ),
+    Comparison::new(
+        "proxy-floor-slow",
+        "any proxy, 5 ms upstream",
+        "upstream-slow",
+        "plain-slow",
+        None,
+    ),
     // What idempotency adds to a proxy: the same HTTP client and server, same upstream.
     Comparison::new(
         "gateway-vs-plain",
@@ -910,6 +917,11 @@ async fn gateway_redis(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepared
         "plain",
         "plain reverse proxy (hyper)",
         payment_post(&plain.url("/payments")),
+    ));
+    prepared.variants.push(slow(
+        "plain-slow",
+        "plain reverse proxy",
+        &plain.url("/payments"),
     ));
     prepared.teardown.servers.push(plain);
     let peer = PeerApp::Proxy {
