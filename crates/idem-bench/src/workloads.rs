@@ -267,7 +267,7 @@ const SERVE_SQLITE: &[Comparison] = &[
         "layer cost, SQLite, same writer",
         "bare-grouped",
         "idem",
-        None,
+        at_least(0.85),
     ),
     Comparison::new(
         "replays-sqlite",
@@ -284,7 +284,7 @@ const SERVE_POSTGRES: &[Comparison] = &[
         "layer cost, PostgreSQL",
         "bare",
         "idem",
-        None,
+        at_least(0.65),
     ),
     Comparison::new(
         "floor-pgbench",
