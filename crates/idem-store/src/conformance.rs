@@ -325,6 +325,44 @@ pub async fn sweep_deletes_expired_in_batches<S: Store>(store: S) {
     );
 }
 
+/// A sweep racing claims that take expired keys afresh deletes none of the new records: a
+/// row the sweeper chose while it was expired is checked again once it is locked. 200 expired
+/// records are claimed again by one task each while two sweepers delete in small batches.
+pub async fn sweep_spares_keys_claimed_again<S: Store>(store: S) {
+    let (old, new) = (fingerprint("{}"), fingerprint(r#"{"again":true}"#));
+    let keys: Vec<_> = (0..200)
+        .map(|i| scope("acct_a", &format!("again-key-{i:05}")))
+        .collect();
+    for key in &keys {
+        claims(&store, key, old, 1, T0).await;
+        assert!(completes(&store, key, 1, "{}").await);
+    }
+    let now = T0.plus(Policy::default().retention);
+    let claimers: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (store, claim) = (store.clone(), claim_at(key, new, 2, now));
+            tokio::spawn(async move { store.claim(&claim).await })
+        })
+        .collect();
+    let (a, b) = tokio::join!(sweep_all(&store, now, 7), sweep_all(&store, now, 5));
+    let swept = a.unwrap() + b.unwrap();
+    for claimer in claimers {
+        assert_eq!(
+            claimer.await.expect("task ran").unwrap(),
+            ClaimOutcome::Claimed,
+            "an expired key gives way"
+        );
+    }
+    assert!(swept <= 200, "each old record is deleted once at most");
+    for key in &keys {
+        let record = store.get(key).await.unwrap();
+        let record = record.unwrap_or_else(|| panic!("the sweeper deleted {key:?}'s new claim"));
+        assert_eq!((record.fingerprint, record.created_at), (new, now));
+    }
+    assert_eq!(store.sweep(now, 100).await.unwrap(), 0);
+}
+
 /// Transaction mode: the key row commits with the response; a rollback takes the key with it;
 /// 64 concurrent transactions on one key have one winner and the rest see its outcome.
 pub async fn transaction_mode_commits_or_rolls_back<S: TransactionalStore>(store: S) {
@@ -661,6 +699,7 @@ macro_rules! store_conformance {
             lease_expiry_and_renewal,
             retention_and_release,
             sweep_deletes_expired_in_batches,
+            sweep_spares_keys_claimed_again,
         );
     };
 }

