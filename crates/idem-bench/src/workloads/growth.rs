@@ -9,7 +9,7 @@
 //!
 //! The records to sweep are filled live and split into one slice per round: before each of
 //! its runs the sweeping variant expires the next slice, and the server's sweeper (looking
-//! every second here, as every server of the group does) deletes it during that run. So the
+//! every 400 ms here, as every server of the group does) deletes it during that run. So the
 //! sweeper works in that variant's windows and not in the others'.
 
 use std::sync::Arc;
@@ -70,7 +70,7 @@ const ACCOUNTS: u64 = 1000;
 const RETENTION_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// How often the group's servers sweep: an expired slice is taken up within the warm-up.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
+const SWEEP_EVERY: Duration = Duration::from_millis(400);
 
 /// A key table a growth group filled, and how big it is.
 #[derive(Debug, Clone, Serialize)]
