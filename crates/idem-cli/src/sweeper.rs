@@ -15,7 +15,9 @@ const BATCH: u32 = 1000;
 /// After each full batch the sweeper pauses four times as long as the batch took: it takes at
 /// most a fifth of the store's time from claims. A batch that waits for a busy store counts
 /// as busy, so the sweep slows with the load: measured under full load, about 4,000 (SQLite)
-/// and 4,500 (PostgreSQL) records a second, above the rate one server creates them.
+/// and 4,500 (PostgreSQL) records a second on one machine, above the rate one server created
+/// them; on a slower one SQLite's was 1,300 to 2,400, below that rate (about 3,000), so there
+/// a saturated server's backlog waits for the load to fall.
 const PAUSE_PER_BUSY: u32 = 4;
 
 /// Starts the sweeper on `store`, looking every `every`; every instance may run one at once.
