@@ -197,18 +197,37 @@ async fn in_transaction_mode_a_duplicate_waits_for_the_running_original_then_rep
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in_progress() {
+    // A key outside the burst whose one request is caught inside instance 0's handler when it
+    // dies: so the kill cuts at least one request that holds a claim, whatever the burst's
+    // timing on a loaded machine.
+    const CAUGHT: usize = KEYS;
     let _one = ONE_AT_A_TIME.lock().await;
     let db = PgDatabase::create().await;
     let mut instances = [Serve::start(db.url()).await, Serve::start(db.url()).await];
-    let load = Load::new(&instances, "kill", Instant::now() + Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let load = Load::new(&instances, "kill", deadline);
     // A quarter of the burst answered: the rest is in flight, much of it on instance 0.
     let kill_after = KEYS * COPIES / 4;
 
+    // The test's own transaction holds a payment row with the caught key, so the caught
+    // request claims its key and then blocks in the handler's INSERT INTO payments.
+    let mut holder = PgConnection::connect(db.url()).await.expect("connect");
+    let mut holding = holder.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, created_at)
+         VALUES ('pay_held', 'acct_alice', $1, 1, 'EUR', 'held', now())",
+    )
+    .bind(load.key(CAUGHT))
+    .execute(&mut *holding)
+    .await
+    .expect("hold a payment row");
+
     let started = Instant::now();
-    let (finals, (in_flight, killed_at)) = tokio::join!(
+    let (finals, caught_final, (in_flight, killed_at)) = tokio::join!(
         join_all(split_copies().into_iter().map(|(k, i)| load.copy(k, i))),
+        load.copy(CAUGHT, 0),
         async {
-            let deadline = Instant::now() + Duration::from_secs(20);
+            lock_waiters(db.url(), "INSERT INTO payments", 1, deadline).await;
             load.journal
                 .until("the answers before the kill", deadline, |s| {
                     s.len() >= kill_after
@@ -216,10 +235,16 @@ async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in
                 .await;
             let in_flight = load.attempts.load(Ordering::Relaxed) - load.journal.lock().len();
             tokio::task::block_in_place(|| instances[0].kill());
+            // The caught request's retry, now on instance 1, may pay once the row is free.
+            holding
+                .rollback()
+                .await
+                .expect("roll back the held payment");
             (in_flight, started.elapsed())
         }
     );
     let elapsed = started.elapsed();
+    holder.close().await.expect("close");
     let seen = load.journal.snapshot();
     let logs = logs(&instances);
 
@@ -228,11 +253,19 @@ async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in
     let cut_keys: HashSet<usize> = cut.iter().map(|s| s.key).collect();
     assert_one_fresh_answer_per_key_unless_cut(&finals, &cut_keys);
     let payments = assert_one_payment_per_key(db.url(), &load, &seen).await;
-    assert_eq!(payments, KEYS);
-    assert!(in_flight > 0, "the kill came after the burst");
+    assert_eq!(payments, KEYS + 1);
+    // The caught request is one attempt in flight; the burst had more.
+    assert!(in_flight > 1, "the kill came after the burst");
+    // The caught request lost its answer with its process; its claim died with the
+    // process's transaction, so its retry on the survivor paid, fresh.
+    let caught_first = seen.iter().find(|s| s.key == CAUGHT).expect("an answer");
     assert!(
-        !cut.is_empty(),
-        "no request lost its answer to the kill: the kill missed the burst"
+        caught_first.status.is_none() && caught_first.instance == 0,
+        "the request caught in the handler by the kill got {caught_first:?}"
+    );
+    assert!(
+        caught_final.created() && !caught_final.replayed && caught_final.instance == 1,
+        "the caught key's retry on the survivor: {caught_final:?}"
     );
     assert!(
         cut.iter().all(|s| s.instance == 0),
@@ -241,20 +274,22 @@ async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in
     );
     assert!(instances[1].is_running());
     let finished_on_survivor = finals.iter().filter(|s| s.instance == 1).count();
+    let cut_in_burst = cut.iter().filter(|s| s.key != CAUGHT).count();
 
     eprintln!(
-        "kill -9 mid-burst: {} copies of {KEYS} keys sent at once to two instances; 1 kill after \
-         {kill_after} answers ({killed_at:.2?} in, {in_flight} attempts in flight); {} attempts \
-         in {elapsed:.2?}; {} attempts got no answer (keys affected: {}); answers by status {:?}; \
-         final answers {:?}, {finished_on_survivor} of them from the survivor; {payments} \
-         payments, 0 keys in progress; a lost answer looked like: {}",
+        "kill -9 mid-burst: {} copies of {KEYS} keys sent at once to two instances, and 1 \
+         request caught in instance 0's handler; 1 kill after {kill_after} answers \
+         ({killed_at:.2?} in, {in_flight} attempts in flight); {} attempts in {elapsed:.2?}; \
+         {} attempts got no answer ({cut_in_burst} of the burst's; keys affected: {}); answers \
+         by status {:?}; final answers {:?}, {finished_on_survivor} of them from the survivor; \
+         {payments} payments, 0 keys in progress; a lost answer looked like: {}",
         finals.len(),
         load.attempts.load(Ordering::Relaxed),
         cut.len(),
         cut_keys.len(),
         tally(&seen),
         tally(&finals),
-        cut[0].error.as_deref().unwrap_or(""),
+        caught_first.error.as_deref().unwrap_or(""),
     );
 }
 
