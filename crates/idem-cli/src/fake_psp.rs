@@ -13,6 +13,9 @@
 //!   after a delay.
 //!
 //! A charge, once started, completes even when the caller hangs up, as a real provider's would.
+//!
+//! Tests that run it in-process can also hold lookups by key until they release them
+//! ([`FakePsp::hold_lookups`]), to act while a caller waits for the provider's answer.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -29,7 +32,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::{Mutex, Notify, watch};
 
 use crate::runtime::shutdown_signal;
 
@@ -87,6 +90,10 @@ pub struct FakePsp {
     next_id: Arc<AtomicU64>,
     /// Wakes whoever waits for a charge request to arrive.
     pub arrived: Arc<Notify>,
+    /// While `true`, lookups by key wait at the door.
+    lookups_held: Arc<watch::Sender<bool>>,
+    /// How many lookups by key arrived, held ones included.
+    lookups: Arc<watch::Sender<u64>>,
 }
 
 impl FakePsp {
@@ -113,6 +120,24 @@ impl FakePsp {
     /// Sets the faults.
     pub async fn set_faults(&self, faults: Faults) {
         *self.faults.lock().await = faults;
+    }
+
+    /// Holds every lookup by key from now on until [`FakePsp::release_lookups`] (on top of
+    /// any `lookup_delay_ms`).
+    pub fn hold_lookups(&self) {
+        self.lookups_held.send_replace(true);
+    }
+
+    /// Lets the held lookups, and later ones, answer.
+    pub fn release_lookups(&self) {
+        self.lookups_held.send_replace(false);
+    }
+
+    /// Waits until `n` lookups by key have arrived in all, held ones included.
+    pub async fn lookups_arrived(&self, n: u64) {
+        let mut arrived = self.lookups.subscribe();
+        // The sender lives as long as `self`: the wait ends only when the count is reached.
+        let _ = arrived.wait_for(|&count| count >= n).await;
     }
 }
 
@@ -264,6 +289,10 @@ async fn charge(State(psp): State<FakePsp>, headers: HeaderMap, body: Bytes) -> 
 }
 
 async fn lookup(State(psp): State<FakePsp>, Path(key): Path<String>) -> Response {
+    psp.lookups.send_modify(|count| *count += 1);
+    let mut held = psp.lookups_held.subscribe();
+    // `psp` owns the sender, so the channel stays open while this waits.
+    let _ = held.wait_for(|&held| !held).await;
     let delay = psp.faults.lock().await.lookup_delay_ms;
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;

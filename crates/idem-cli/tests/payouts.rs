@@ -47,6 +47,19 @@ fn await_line(served: &Spawned, needle: &str) {
     );
 }
 
+/// The first line `served` prints on stderr that contains `needle`.
+fn line_with(served: &Spawned, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match served.stderr.recv_timeout(left) {
+            Ok(line) if line.contains(needle) => return line,
+            Ok(_) => {}
+            Err(e) => panic!("idem serve never printed {needle:?}: {e}"),
+        }
+    }
+}
+
 /// `idem keys ARGS`: its exit code, stdout and stderr.
 fn keys(args: &[&str]) -> (Option<i32>, String, String) {
     idem_output("keys", args)
@@ -238,10 +251,17 @@ async fn kill_9_during_a_held_call_the_other_instance_reconciles_with_one_post()
     kill_during_a_held_call(&psp, a, || b, "held-call-key-02").await;
 }
 
-/// Retries as a client that honours `Retry-After` to the second, until a final answer.
-/// Returns the answers seen, the final one last.
-async fn honour_retry_after(url: &str, key: &str, first: common::Answer) -> Vec<common::Answer> {
+/// Retries as a client that honours `Retry-After` to the second, counted from each answer's
+/// arrival (the first's at `first_at`), until a final answer. Returns the answers seen, the
+/// final one last.
+async fn honour_retry_after(
+    url: &str,
+    key: &str,
+    first: common::Answer,
+    first_at: Instant,
+) -> Vec<common::Answer> {
     let mut answers = vec![first];
+    let mut last_at = first_at;
     while let Some(last) = answers.last()
         && matches!(last.status, 409 | 502 | 503 | 504)
     {
@@ -254,8 +274,9 @@ async fn honour_retry_after(url: &str, key: &str, first: common::Answer) -> Vec<
             .unwrap()
             .parse()
             .unwrap();
-        tokio::time::sleep(Duration::from_secs(after)).await;
+        tokio::time::sleep_until((last_at + Duration::from_secs(after)).into()).await;
         answers.push(send(payout(url, key)).await);
+        last_at = Instant::now();
     }
     answers
 }
@@ -270,13 +291,14 @@ enum ProviderFault {
 }
 
 /// The provider fails a payout with `fault`: the client's first answer is an
-/// `outcome-unknown` problem, an immediate duplicate's answer a `409`, and a client that
-/// honours `Retry-After` gets its final `201` at its first retry, with the one charge the
-/// provider made.
+/// `outcome-unknown` problem, a duplicate's answer while the reconciler asks the provider a
+/// `409`, and a client that honours `Retry-After` gets its final `201` at its first retry,
+/// with the one charge the provider made.
 async fn unknown_outcome(fault: ProviderFault, key: &str) {
     // The first answer's status; whether the retry replays (the reconciler found the charge and
-    // stored it) or runs fresh (the key was released at once); the calls the provider received.
-    let (faults, first_status, replays, posts) = match fault {
+    // stored it) or runs fresh (the key was released at once); the calls the provider received;
+    // what the reconciler made of the record.
+    let (faults, first_status, replays, posts, reconciled) = match fault {
         ProviderFault::LostAnswer => (
             Faults {
                 drop_next: 1,
@@ -285,6 +307,7 @@ async fn unknown_outcome(fault: ProviderFault, key: &str) {
             504,
             true,
             1,
+            "result=Completed",
         ),
         ProviderFault::ErrorBeforeCharging => (
             Faults {
@@ -294,19 +317,24 @@ async fn unknown_outcome(fault: ProviderFault, key: &str) {
             502,
             false,
             2,
+            "result=Released",
         ),
     };
     let dir = tempfile::tempdir().unwrap();
     let (psp, psp_url) = start_psp().await;
-    // The reconciler's look takes 300 ms, so the duplicate below meets the unknown record.
-    psp.set_faults(Faults {
-        lookup_delay_ms: 300,
-        ..faults
-    })
-    .await;
-    let served = serve(&dir.path().join("idem.db"), &psp_url, &[]);
+    psp.set_faults(faults).await;
+    // The reconciler's lookup waits at the provider until the duplicate below has met the
+    // unknown record, however slow the machine.
+    psp.hold_lookups();
+    // Long enough that the held lookup cannot time out first.
+    let timeout = ["--psp-timeout-secs", "60"];
+    let served = serve(&dir.path().join("idem.db"), &psp_url, &timeout);
     let started = Instant::now();
     let first = send(payout(&served.url, key)).await;
+    let first_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), psp.lookups_arrived(1))
+        .await
+        .expect("the reconciler never asked the provider");
     let duplicate = send(payout(&served.url, key)).await;
     assert_eq!(duplicate.status, 409, "{}", duplicate.body);
     assert_eq!(
@@ -316,14 +344,27 @@ async fn unknown_outcome(fault: ProviderFault, key: &str) {
     assert!(duplicate.headers.contains_key("retry-after"));
     assert_eq!(first.status, first_status, "{}", first.body);
     assert_eq!(first.body["type"], "urn:idem:problem:outcome-unknown");
-    let answers = honour_retry_after(&served.url, key, first).await;
+    psp.release_lookups();
+    let released = Instant::now();
+    // The reconciler logs a record once it has stored what it learnt. (Blocking off the
+    // worker: the lookup just woken may wait in this worker's LIFO slot, which no other
+    // worker steals.)
+    let line = tokio::task::block_in_place(|| line_with(&served, "reconciled a stale payout"));
+    assert!(line.contains(reconciled), "{fault:?}: {line}");
+    let reconciled_at = Instant::now();
+    // The retry comes at the first Retry-After, or once the pass is over if this machine was
+    // slower than that.
+    let answers = honour_retry_after(&served.url, key, first, first_at).await;
     let last = answers.last().unwrap();
     eprintln!(
-        "{key}: {} answers ({:?}), final {} {:.2} s after the fault",
+        "{key}: {} answers ({:?}), final {} {:.2} s after the fault; reconciled {:.2} s after the \
+         first answer, {:.2} s after the lookup was released",
         answers.len(),
         answers.iter().map(|a| a.status).collect::<Vec<_>>(),
         last.status,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        (reconciled_at - first_at).as_secs_f64(),
+        (reconciled_at - released).as_secs_f64(),
     );
     assert_eq!(last.status, 201, "{}", last.body);
     assert_eq!(
