@@ -471,9 +471,21 @@ async fn with_a_reconciler_an_unknown_outcome_is_told_at_once_and_looked_at() {
         let schedule = app.schedule.clone();
         async move { schedule.until_next_pass().await }
     });
-    tokio::task::yield_now().await;
+    // The reconciler is waiting once its next pass lies a period ahead.
+    while app.schedule.retry_after() <= Duration::from_secs(1) {
+        tokio::task::yield_now().await;
+    }
+    // The schedule counts down with the real clock (61 s at once, 60 s after 250 ms), so the
+    // header lies between its answers before and after the request: a period away, not "1".
+    let before = app.schedule.retry_after();
     let (_, headers, _) = app.answering("unknown-key-002", 502).await;
-    assert_eq!(headers["retry-after"], "61");
+    let after = app.schedule.retry_after();
+    let told: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    println!("retry-after {told} s, the schedule's {after:?}..={before:?}");
+    assert!(
+        (after.as_secs()..=before.as_secs()).contains(&told),
+        "told {told} s, not the schedule's {after:?}..={before:?}"
+    );
     next.abort();
 }
 
@@ -501,17 +513,30 @@ async fn a_client_hanging_up_does_not_cancel_the_work() {
         app.handler.entered.notified().await;
         drop(socket);
         app.handler.gate.add_permits(1);
-        // The retry finds the finished record (waiting for it in transaction mode, or 409
-        // until it lands in lease mode).
-        let mut answer = app.send(Some("hangup-key-0001"), body).await;
-        for _ in 0..50 {
-            if answer.0 != 409 {
+        // The work goes on without its client and stores its outcome; cancelled work would
+        // leave none (rolled back, or in progress), and the wait runs out.
+        let scope = Scope::new(
+            AccountId::new("anonymous"),
+            IdempotencyKey::parse(b"hangup-key-0001", KeyLimits::default()).unwrap(),
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let record = idem_store::Store::get(&app.store, &scope).await.unwrap();
+            if record
+                .as_ref()
+                .is_some_and(|r| matches!(r.state, idem_core::RecordState::Completed(_)))
+            {
                 break;
             }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no outcome stored after the hang-up: {record:?}"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
-            answer = app.send(Some("hangup-key-0001"), body).await;
         }
-        assert_eq!(answer.0, 201);
+        // The retry finds the finished record and replays it.
+        let answer = app.send(Some("hangup-key-0001"), body).await;
+        assert_eq!(answer.0, 201, "{:?}", answer.2);
         assert!(replayed(&answer.1));
         assert_eq!(app.calls(), 1);
     }
