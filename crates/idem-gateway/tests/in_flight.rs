@@ -230,8 +230,10 @@ async fn a_duplicate_on_another_gateway_is_woken_by_the_store<B: Backend>(backen
     let latencies = h.duplicates_wait_for_the_outcome(&first, &second, 20).await;
     let slowest = *latencies.iter().max().unwrap();
     report(B::NAME, "across two gateways", latencies);
+    // A missed notification shows as the whole wait (then a 409); half of it is far above
+    // any wake-up, however loaded the machine.
     assert!(
-        slowest < Duration::from_secs(3),
+        slowest < wait / 2,
         "woken by the notification, not by the end of the wait ({slowest:?})"
     );
 }
