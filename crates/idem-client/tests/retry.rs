@@ -3,18 +3,22 @@
 //! sleeper records the waits instead.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use idem_client::{Client, Error, Intent, RecordingSleeper, RetryBudget, RetryPolicy, Stop};
+use idem_client::{
+    Client, Error, Intent, RecordingSleeper, RetryBudget, RetryPolicy, Sleep, Sleeper, Stop,
+};
 use idem_core::{IdempotencyKey, KeyLimits, ManualClock, Timestamp};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 
 // ---------------------------------------------------------------------------------------------
 // A scripted axum server: answer `n` (0-based) is `script(n)`; it records each request's key.
@@ -103,6 +107,8 @@ struct Ledger {
     charged: HashSet<String>,
     charges: usize,
     held: Vec<TcpStream>,
+    /// Told each time a connection is held ([`Fault::Hang`]).
+    hung: Arc<Notify>,
 }
 
 struct AckLoss {
@@ -132,6 +138,14 @@ impl AckLoss {
     fn keys(&self) -> Vec<Option<String>> {
         self.ledger.lock().unwrap().keys.clone()
     }
+
+    /// Returns once a request has been read whole and its connection held.
+    async fn hung(&self) {
+        let hung = self.ledger.lock().unwrap().hung.clone();
+        tokio::time::timeout(Duration::from_secs(30), hung.notified())
+            .await
+            .expect("the first attempt reaches the server");
+    }
 }
 
 async fn serve_one(mut stream: TcpStream, ledger: Arc<Mutex<Ledger>>, faulty: usize, fault: Fault) {
@@ -154,7 +168,11 @@ async fn serve_one(mut stream: TcpStream, ledger: Arc<Mutex<Ledger>>, faulty: us
     if !deliver {
         match fault {
             Fault::Drop => drop(stream),
-            Fault::Hang => ledger.lock().unwrap().held.push(stream),
+            Fault::Hang => {
+                let mut ledger = ledger.lock().unwrap();
+                ledger.held.push(stream);
+                ledger.hung.notify_one();
+            }
         }
         return;
     }
@@ -311,25 +329,49 @@ async fn without_a_key_the_retry_of_a_lost_answer_charges_twice() {
     );
 }
 
-#[tokio::test(start_paused = true)]
+/// Records like [`RecordingSleeper`], and resumes Tokio's clock (which the test has paused by
+/// then) at the first wait: the attempts after it run on the real clock.
+#[derive(Debug, Clone, Default)]
+struct ResumingSleeper {
+    recorded: RecordingSleeper,
+    resumed: Arc<AtomicBool>,
+}
+
+impl Sleeper for ResumingSleeper {
+    fn sleep(&self, duration: Duration) -> Sleep<'_> {
+        if !self.resumed.swap(true, Ordering::SeqCst) {
+            tokio::time::resume();
+        }
+        self.recorded.sleep(duration)
+    }
+}
+
+#[tokio::test]
 async fn an_attempt_that_times_out_is_retried() {
-    // Tokio's paused clock runs the 5 s attempt timeout out at once; the sleeper still records.
+    // The attempts run on the real clock, with time to spare, except while the server holds
+    // the first one: the clock is paused then, so its timeout runs out at once. (Paused
+    // throughout, the clock would jump to a timeout whenever the runtime idled waiting for
+    // the loopback socket, which a loaded machine makes likely.)
     let server = AckLoss::start(1, Fault::Hang).await;
-    let sleeper = RecordingSleeper::new();
+    let sleeper = ResumingSleeper::default();
     let client = Client::new()
         .with_policy(RetryPolicy {
-            attempt_timeout: Duration::from_secs(5),
+            attempt_timeout: Duration::from_secs(30),
             ..policy(3)
         })
         .with_sleeper(sleeper.clone());
+    let intent = payment(&server.url);
+    let sent = tokio::spawn(async move { client.send(&intent).await });
+    server.hung().await;
+    tokio::time::pause();
 
-    let answer = client.send(&payment(&server.url)).await.unwrap();
+    let answer = sent.await.unwrap().unwrap();
 
     assert_eq!(answer.status, StatusCode::CREATED);
     assert_eq!(answer.attempts, 2);
     assert!(answer.replayed);
     assert_eq!(server.charges(), 1);
-    assert_eq!(sleeper.slept().len(), 1);
+    assert_eq!(sleeper.recorded.slept().len(), 1);
 }
 
 #[tokio::test]
