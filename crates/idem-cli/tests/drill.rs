@@ -440,9 +440,11 @@ fn lease_mode() -> Router {
         }
         // The drill's first request holds its claim until a duplicate has met the 409
         // (notify_one keeps the permit if that happened already), so the drill is sure to see
-        // one; later requests, with no duplicate coming, do not wait.
+        // one, however late the copies arrive on a loaded machine; later requests, with no
+        // duplicate coming, do not wait. The bound only keeps a drill that sends no copy
+        // from hanging.
         if !api.started.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            let _ = tokio::time::timeout(Duration::from_secs(2), api.refused.notified()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(30), api.refused.notified()).await;
         }
         let (status, payment) = api.payments.create(&body);
         api.records
