@@ -6,7 +6,7 @@ use std::future::Future;
 use std::ops::RangeInclusive;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -88,10 +88,13 @@ pub(crate) struct Load {
     pub(crate) journal: Journal,
     pub(crate) seed: u64,
     pub(crate) backoff: RetryPolicy,
-    /// No new key starts after this.
-    pub(crate) chaos_ends: Instant,
-    /// A copy still without its `201` gives up here (and the checker fails the run).
-    pub(crate) gives_up: Instant,
+    /// The chaos lasts at least this long: the schedule runs until it is up and every kind
+    /// of step it must have has run.
+    pub(crate) chaos_for: Duration,
+    /// When the schedule ended ([`Load::under`] sets it): no new key starts after it, and a
+    /// copy still without its `201` gives up `clients.settle` after it (the checker then
+    /// fails the run).
+    pub(crate) chaos_over: OnceLock<Instant>,
     pub(crate) next_key: AtomicU32,
     pub(crate) attempts: AtomicU64,
     /// The late copies, each in a task of its own so that its key's worker moves on.
@@ -111,14 +114,8 @@ pub(crate) fn sub_seed(seed: u64, key: u32, copy: u8) -> u64 {
 }
 
 impl Load {
-    /// The clients of a run on `settings` whose chaos ends at `chaos_ends`, logging to
-    /// `log_path`.
-    pub(crate) fn new(
-        settings: &Settings,
-        clients: Clients,
-        log_path: &Path,
-        chaos_ends: Instant,
-    ) -> Self {
+    /// The clients of a run on `settings`, logging to `log_path`.
+    pub(crate) fn new(settings: &Settings, clients: Clients, log_path: &Path) -> Self {
         Self {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(5))
@@ -134,8 +131,8 @@ impl Load {
                 max_attempts: u32::MAX,
                 ..RetryPolicy::default()
             },
-            chaos_ends,
-            gives_up: chaos_ends + clients.settle,
+            chaos_for: settings.chaos,
+            chaos_over: OnceLock::new(),
             next_key: AtomicU32::new(0),
             attempts: AtomicU64::new(0),
             late: Mutex::default(),
@@ -156,6 +153,9 @@ impl Load {
             .collect();
         schedule.await;
         let ended = Instant::now();
+        self.chaos_over
+            .set(ended)
+            .expect("one schedule runs under a load");
         for worker in workers {
             worker.await.expect("a client worker panicked");
         }
@@ -163,9 +163,9 @@ impl Load {
         ended
     }
 
-    /// Takes keys one after another until the chaos ends.
+    /// Takes keys one after another until the schedule ends.
     pub(crate) async fn worker(self: Arc<Self>) {
-        while Instant::now() < self.chaos_ends {
+        while self.chaos_over.get().is_none() {
             let key = self.next_key.fetch_add(1, Ordering::Relaxed);
             self.key(key).await;
         }
@@ -238,7 +238,7 @@ impl Load {
             .backoff
             .delays(StdRng::seed_from_u64(rng.random::<u64>()));
         loop {
-            if Instant::now() >= self.gives_up {
+            if self.gave_up() {
                 return false;
             }
             let Some(route) = self.fleet.pick(rng) else {
@@ -268,6 +268,14 @@ impl Load {
                 });
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// Whether a copy still without its `201` gives up: `clients.settle` after the schedule
+    /// ended, never while it runs.
+    fn gave_up(&self) -> bool {
+        self.chaos_over
+            .get()
+            .is_some_and(|&over| Instant::now() >= over + self.clients.settle)
     }
 
     /// One whole attempt over HTTP, recorded.

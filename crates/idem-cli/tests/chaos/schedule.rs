@@ -304,11 +304,13 @@ impl<'a> Chaos<'a> {
         Duration::from_millis(self.rng.random_range(100..=max_ms))
     }
 
-    /// Runs the schedule until the chaos ends; leaves both instances and their store up.
+    /// Runs the schedule for the load's `chaos_for`, and past it until its first steps are
+    /// done; leaves both instances and their store up.
     pub(crate) async fn run(&mut self) {
         // The first steps are one kill, one crash (of PostgreSQL, where there is one) and one
         // of each network fault, in a random order, so that even a short run has them all;
-        // then steps at random.
+        // then steps at random. They run however long they take (the gaps, a restart on a
+        // loaded machine): the run asserts that it had every kind.
         let crashes = matches!(self.target, Target::Serve(_));
         let mut steps = vec![Step::KillOne(self.rng.random_range(0..2))];
         if crashes {
@@ -323,10 +325,12 @@ impl<'a> Chaos<'a> {
             steps.push(self.net_step(Some(fault)));
         }
         steps.shuffle(&mut self.rng);
-        while Instant::now() < self.load.chaos_ends {
+        // From here, not from before the instances started: the chaos gets all of its time.
+        let ends = Instant::now() + self.load.chaos_for;
+        while Instant::now() < ends || !steps.is_empty() {
             let gap = Duration::from_millis(self.rng.random_range(self.target.gaps()));
             self.watch_until(Instant::now() + gap).await;
-            if Instant::now() >= self.load.chaos_ends {
+            if Instant::now() >= ends && steps.is_empty() {
                 break;
             }
             let step = steps.pop().unwrap_or_else(|| {
