@@ -3,13 +3,19 @@
 //! the middle of the load and started again on the same file. Every payment it acknowledged
 //! must still be there and replay byte for byte; retrying every intent afterwards must leave
 //! exactly one payment per key.
+//!
+//! The kill is made sure to cut requests: the test freezes the service (SIGSTOP) where it
+//! stands, mid-group or mid-commit, waits until a client has sent a key the frozen service
+//! can no longer answer, and only then kills it. To the service, the kill lands at the freeze.
 
 #[path = "common/processes.rs"]
 mod processes;
 
 use std::collections::{HashMap, HashSet};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use processes::Serve;
 use sqlx::Connection as _;
@@ -42,6 +48,54 @@ async fn pay(client: &reqwest::Client, url: &str, key: &str) -> reqwest::Result<
         .body(body_of(key))
         .send()
         .await
+}
+
+/// The pid of this test's `idem serve` child on `database` ([`Serve`] keeps its `Child` to
+/// itself): the process whose parent is this test and whose command line names the file.
+fn serve_pid(database: &str) -> u32 {
+    let me = std::process::id().to_string();
+    let ours = |pid: u32| -> Option<bool> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid …`: the name may hold spaces, so after its parenthesis.
+        let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        Some(ppid == me && cmdline.split(|b| *b == 0).any(|a| a == database.as_bytes()))
+    };
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("list /proc")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid| ours(pid) == Some(true))
+        .collect();
+    assert_eq!(
+        pids.len(),
+        1,
+        "one idem serve child on {database}: {pids:?}"
+    );
+    pids[0]
+}
+
+/// Stops process `pid` with SIGSTOP and waits until it is stopped (`T` in /proc): from then on
+/// it neither commits nor answers, and its kill lands, for it, at this instant.
+fn freeze(pid: u32) {
+    let status = Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .expect("kill -STOP");
+    assert!(status.success(), "kill -STOP {pid}: {status}");
+    let state = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("its /proc stat");
+        let after_name = stat.rsplit_once(')').expect("a stat line").1.to_owned();
+        after_name.split_whitespace().next().map(str::to_owned)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state().as_deref() != Some("T") {
+        assert!(
+            Instant::now() < deadline,
+            "{pid} did not stop: {:?}",
+            state()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,6 +145,58 @@ async fn a_kill_during_group_commits_loses_no_acknowledged_payment() {
         }));
     }
     enough.notified().await;
+    // A kill right here could find every request answered (this test descheduled meanwhile).
+    // Frozen, the service answers nothing more, though answers it wrote still reach clients.
+    freeze(serve_pid(&database));
+    let acknowledged_at_freeze: Vec<String> = ledger
+        .lock()
+        .unwrap()
+        .acknowledged
+        .keys()
+        .cloned()
+        .collect();
+    let mut db = sqlx::SqliteConnection::connect(&database)
+        .await
+        .expect("open the database file");
+    let committed: HashSet<String> =
+        sqlx::query_scalar("SELECT idem_key FROM payments WHERE idem_key IS NOT NULL")
+            .fetch_all(&mut db)
+            .await
+            .expect("read the committed payments (WAL: the frozen writer does not block)")
+            .into_iter()
+            .collect();
+    db.close().await.unwrap();
+    // Answered only once durable: what was acknowledged is committed, so a key neither
+    // acknowledged nor committed was never answered, and never will be.
+    let uncommitted: Vec<&String> = acknowledged_at_freeze
+        .iter()
+        .filter(|key| !committed.contains(*key))
+        .collect();
+    assert!(
+        uncommitted.is_empty(),
+        "acknowledged and not committed: {uncommitted:?}"
+    );
+    // Either some client waits on such a key already, or one reads its last answer and sends
+    // the next key, which the frozen service cannot answer.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let unanswerable_at_kill = loop {
+        {
+            let ledger = ledger.lock().unwrap();
+            let unanswerable = ledger
+                .sent
+                .iter()
+                .filter(|key| !ledger.acknowledged.contains_key(*key) && !committed.contains(*key))
+                .count();
+            if unanswerable > 0 {
+                break unanswerable;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no client sent a key after the freeze"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     serve.kill();
     stop.store(true, Ordering::SeqCst);
     for client in clients {
@@ -103,6 +209,13 @@ async fn a_kill_during_group_commits_loses_no_acknowledged_payment() {
     assert!(
         sent.len() > acknowledged.len(),
         "some requests were in flight at the kill"
+    );
+    eprintln!(
+        "sqlite crash: {} payments committed at the freeze, {} acknowledged before the kill, \
+         {unanswerable_at_kill} requests unanswerable at it, {} sent in all",
+        committed.len(),
+        acknowledged.len(),
+        sent.len()
     );
 
     let serve = Serve::start(&database).await;
