@@ -50,30 +50,6 @@ async fn pay(client: &reqwest::Client, url: &str, key: &str) -> reqwest::Result<
         .await
 }
 
-/// The pid of this test's `idem serve` child on `database` ([`Serve`] keeps its `Child` to
-/// itself): the process whose parent is this test and whose command line names the file.
-fn serve_pid(database: &str) -> u32 {
-    let me = std::process::id().to_string();
-    let ours = |pid: u32| -> Option<bool> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // `pid (comm) state ppid …`: the name may hold spaces, so after its parenthesis.
-        let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        Some(ppid == me && cmdline.split(|b| *b == 0).any(|a| a == database.as_bytes()))
-    };
-    let pids: Vec<u32> = std::fs::read_dir("/proc")
-        .expect("list /proc")
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|&pid| ours(pid) == Some(true))
-        .collect();
-    assert_eq!(
-        pids.len(),
-        1,
-        "one idem serve child on {database}: {pids:?}"
-    );
-    pids[0]
-}
-
 /// Stops process `pid` with SIGSTOP and waits until it is stopped (`T` in /proc): from then on
 /// it neither commits nor answers, and its kill lands, for it, at this instant.
 fn freeze(pid: u32) {
@@ -147,7 +123,7 @@ async fn a_kill_during_group_commits_loses_no_acknowledged_payment() {
     enough.notified().await;
     // A kill right here could find every request answered (this test descheduled meanwhile).
     // Frozen, the service answers nothing more, though answers it wrote still reach clients.
-    freeze(serve_pid(&database));
+    freeze(serve.pid());
     let acknowledged_at_freeze: Vec<String> = ledger
         .lock()
         .unwrap()

@@ -84,6 +84,11 @@ impl Idem {
             .unwrap_or_else(|e| panic!("reap {what}: {e}"));
     }
 
+    /// The process's id, for signals other than the kill (e.g. SIGSTOP).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Whether the process is still running (it was neither killed nor crashed).
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().expect("poll the child").is_none()
