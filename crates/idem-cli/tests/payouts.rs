@@ -49,15 +49,9 @@ fn await_line(served: &Spawned, needle: &str) {
 
 /// The first line `served` prints on stderr that contains `needle`.
 fn line_with(served: &Spawned, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match served.stderr.recv_timeout(left) {
-            Ok(line) if line.contains(needle) => return line,
-            Ok(_) => {}
-            Err(e) => panic!("idem serve never printed {needle:?}: {e}"),
-        }
-    }
+    served
+        .line_with(needle, Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("idem serve never printed {needle:?}"))
 }
 
 /// `idem keys ARGS`: its exit code, stdout and stderr.

@@ -42,6 +42,24 @@ fn split_copies() -> Vec<(usize, usize)> {
     copies
 }
 
+/// Writes, uncommitted in `holding`, a payment row with `key`: a request for that key then
+/// claims it and blocks in the handler's `INSERT INTO payments` until `holding` ends.
+async fn hold_payment_row(
+    holding: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    id: &str,
+    key: &str,
+) {
+    sqlx::query(
+        "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, created_at)
+         VALUES ($1, 'acct_alice', $2, 1, 'EUR', 'held', now())",
+    )
+    .bind(id)
+    .bind(key)
+    .execute(&mut **holding)
+    .await
+    .expect("hold a payment row");
+}
+
 /// The final answers of a burst, which must all be `201`s: the keys answered fresh, each as
 /// often as it was, and the set of them.
 fn fresh_keys(finals: &[Seen]) -> (Vec<usize>, HashSet<usize>) {
@@ -213,14 +231,7 @@ async fn kill_9_of_one_instance_mid_burst_leaves_one_payment_per_key_and_none_in
     // request claims its key and then blocks in the handler's INSERT INTO payments.
     let mut holder = PgConnection::connect(db.url()).await.expect("connect");
     let mut holding = holder.begin().await.expect("begin");
-    sqlx::query(
-        "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, created_at)
-         VALUES ('pay_held', 'acct_alice', $1, 1, 'EUR', 'held', now())",
-    )
-    .bind(load.key(CAUGHT))
-    .execute(&mut *holding)
-    .await
-    .expect("hold a payment row");
+    hold_payment_row(&mut holding, "pay_held", &load.key(CAUGHT)).await;
 
     let started = Instant::now();
     let (finals, caught_final, (in_flight, killed_at)) = tokio::join!(
@@ -319,15 +330,7 @@ async fn postgres_crash_under_load_gives_503_then_recovers_with_every_payment_ke
     let mut holder = PgConnection::connect(&cluster.url).await.expect("connect");
     let mut holding = holder.begin().await.expect("begin");
     for (n, key) in CAUGHT.into_iter().enumerate() {
-        sqlx::query(
-            "INSERT INTO payments (id, account_id, idem_key, amount, currency, status, created_at)
-             VALUES ($1, 'acct_alice', $2, 1, 'EUR', 'held', now())",
-        )
-        .bind(format!("pay_held_{n}"))
-        .bind(load.key(key))
-        .execute(&mut *holding)
-        .await
-        .expect("hold a payment row");
+        hold_payment_row(&mut holding, &format!("pay_held_{n}"), &load.key(key)).await;
     }
     let caught: Vec<_> = CAUGHT
         .into_iter()

@@ -292,6 +292,14 @@ fn problem_type(body: &[u8]) -> serde_json::Value {
     problem["type"].clone()
 }
 
+/// The scope the layer gives `key` on a request with no account (no `Authorization`).
+fn anonymous_scope(key: &[u8]) -> Scope {
+    Scope::new(
+        AccountId::new("anonymous"),
+        IdempotencyKey::parse(key, KeyLimits::default()).unwrap(),
+    )
+}
+
 fn replayed(headers: &HeaderMap) -> bool {
     headers
         .get("idempotent-replayed")
@@ -515,10 +523,7 @@ async fn a_client_hanging_up_does_not_cancel_the_work() {
         app.handler.gate.add_permits(1);
         // The work goes on without its client and stores its outcome; cancelled work would
         // leave none (rolled back, or in progress), and the wait runs out.
-        let scope = Scope::new(
-            AccountId::new("anonymous"),
-            IdempotencyKey::parse(b"hangup-key-0001", KeyLimits::default()).unwrap(),
-        );
+        let scope = anonymous_scope(b"hangup-key-0001");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let record = idem_store::Store::get(&app.store, &scope).await.unwrap();
@@ -729,10 +734,7 @@ async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
         .with_state(handler.clone());
     let url = serve(router).await;
     let key = "late-store-key1";
-    let scope = Scope::new(
-        AccountId::new("anonymous"),
-        IdempotencyKey::parse(key.as_bytes(), KeyLimits::default()).unwrap(),
-    );
+    let scope = anonymous_scope(key.as_bytes());
     let send = || {
         post(
             &reqwest::Client::new(),

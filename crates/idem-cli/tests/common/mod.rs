@@ -311,14 +311,19 @@ impl Spawned {
 
     /// Waits up to `patience` for a line on stderr that contains `needle`; whether one came.
     pub fn await_line(&self, needle: &str, patience: Duration) -> bool {
+        self.line_with(needle, patience).is_some()
+    }
+
+    /// The first line the child prints on stderr from now on that contains `needle`, within
+    /// `patience`; `None` if it runs out, or the child closed its stderr (it died).
+    pub fn line_with(&self, needle: &str, patience: Duration) -> Option<String> {
         let deadline = Instant::now() + patience;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.stderr.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return true,
+                Ok(line) if line.contains(needle) => return Some(line),
                 Ok(_) => {}
-                // Out of time, or the child closed its stderr (it died).
-                Err(_) => return false,
+                Err(_) => return None,
             }
         }
     }
