@@ -32,6 +32,17 @@ pub enum ProblemKind {
     /// `504`: a gateway sent the request but its upstream did not answer in time; the outcome
     /// is unknown.
     UpstreamTimeout,
+    /// `500`: the layer found no account for a covered request (no authentication ran before
+    /// it), so it cannot scope the key; nothing was run or stored (docs/contract.md §12).
+    NoAccount,
+    /// `401`: a covered request came without the credential its scope is derived from (the
+    /// gateway's); nothing was run or stored.
+    NoCredential,
+    /// `500`: the handler panicked; nothing was stored and the key is free again.
+    HandlerFailed,
+    /// `500`: the handler asked for the layer's transaction on a request the layer opened none
+    /// for (a route wired wrong); a retry cannot help.
+    NoTransaction,
 }
 
 impl ProblemKind {
@@ -49,6 +60,10 @@ impl ProblemKind {
             Self::StoreUnavailable => "urn:idem:problem:store-unavailable",
             Self::UpstreamUnavailable => "urn:idem:problem:upstream-unavailable",
             Self::UpstreamTimeout => "urn:idem:problem:upstream-timeout",
+            Self::NoAccount => "urn:idem:problem:no-account",
+            Self::NoCredential => "urn:idem:problem:no-credential",
+            Self::HandlerFailed => "urn:idem:problem:handler-failed",
+            Self::NoTransaction => "urn:idem:problem:no-transaction",
         }
     }
 
@@ -63,6 +78,8 @@ impl ProblemKind {
             Self::StoreUnavailable => 503,
             Self::UpstreamUnavailable => 502,
             Self::UpstreamTimeout => 504,
+            Self::NoAccount | Self::HandlerFailed | Self::NoTransaction => 500,
+            Self::NoCredential => 401,
         }
     }
 
@@ -82,6 +99,10 @@ impl ProblemKind {
             Self::StoreUnavailable => "The idempotency store is unavailable",
             Self::UpstreamUnavailable => "The upstream service is unavailable",
             Self::UpstreamTimeout => "The upstream service did not answer in time",
+            Self::NoAccount => "The request's account is unknown",
+            Self::NoCredential => "The request carries no credential",
+            Self::HandlerFailed => "The request's handler failed",
+            Self::NoTransaction => "The handler asked for a transaction the layer did not open",
         }
     }
 

@@ -333,7 +333,7 @@ fn route_service<St: Store>(
         .with_policy_link(POLICY_PATH)
         .with_error_dialect(rules.errors)
         .with_clock(config.clock.clone())
-        .with_account(move |parts| scope_of(&secret, &credential, &scope_headers, parts));
+        .with_account(move |parts| Ok(scope_of(&secret, &credential, &scope_headers, parts)));
     let layer = match &rules.key_from {
         // The layer's own default keeps its messages naming `Idempotency-Key` as spelled.
         key_from if *key_from == KeyFrom::default() => layer,

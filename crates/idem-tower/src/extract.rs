@@ -46,20 +46,36 @@ impl<T> DerefMut for Tx<T> {
     }
 }
 
-/// The handler asked for a [`Tx`] on a request the layer did not open one for.
+/// The handler asked for a [`Tx`] on a request the layer did not open one for: the route is
+/// not behind [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional), or
+/// its store's transaction is another type than the one asked for.
 #[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("no idempotency transaction: the route is not behind IdempotencyLayer::transactional")]
-pub struct NoTransaction;
+#[error(
+    "no idempotency transaction of type {asked_for}: the route is not behind IdempotencyLayer::transactional over a store whose transaction is that type"
+)]
+pub struct NoTransaction {
+    asked_for: &'static str,
+}
+
+impl NoTransaction {
+    fn of<T>() -> Self {
+        Self {
+            asked_for: std::any::type_name::<T>(),
+        }
+    }
+
+    /// The transaction type the handler asked for (`Tx<T>`'s `T`).
+    pub fn asked_for(&self) -> &'static str {
+        self.asked_for
+    }
+}
 
 impl IntoResponse for NoTransaction {
     fn into_response(self) -> Response {
         tracing::error!("{self}");
-        // Not a refusal of the contract but a route wired wrong: a `500` (under the store's
-        // problem type, the nearest there is) without `Retry-After`, since a retry cannot help.
-        let mut response: Response =
-            problem_response(&ProblemKind::StoreUnavailable.with_detail(self.to_string()));
-        *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-        response
+        // Not a refusal of the contract but a route wired wrong: a `500` without
+        // `Retry-After`, since a retry cannot help.
+        problem_response(&ProblemKind::NoTransaction.with_detail(self.to_string()))
     }
 }
 
@@ -71,10 +87,10 @@ impl<S: Send + Sync, T: Send + 'static> FromRequestParts<S> for Tx<T> {
             .extensions
             .get::<TxSlot<T>>()
             .cloned()
-            .ok_or(NoTransaction)?;
+            .ok_or_else(NoTransaction::of::<T>)?;
         let guard = slot.lock_owned().await;
         if guard.is_none() {
-            return Err(NoTransaction);
+            return Err(NoTransaction::of::<T>());
         }
         Ok(Tx(guard))
     }
@@ -94,7 +110,7 @@ impl<S: Send + Sync, T: Send + 'static> OptionalFromRequestParts<S> for Tx<T> {
         };
         let guard = slot.lock_owned().await;
         if guard.is_none() {
-            return Err(NoTransaction);
+            return Err(NoTransaction::of::<T>());
         }
         Ok(Some(Tx(guard)))
     }

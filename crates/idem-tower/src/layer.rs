@@ -28,8 +28,23 @@ use crate::response::{Refusal, Refused, Served, answer, store_unavailable};
 use crate::section::{Panicked, Section};
 use crate::{OutcomeSignal, Reconciliation};
 
-/// Finds the account a request acts for.
-type AccountFn = Arc<dyn Fn(&Parts) -> AccountId + Send + Sync>;
+/// Finds the account a request acts for, or says why there is none.
+type AccountFn = Arc<dyn Fn(&Parts) -> Result<AccountId, Unidentified> + Send + Sync>;
+
+/// Why a covered request has no account. The layer refuses such a request rather than file its
+/// key under a scope shared with every other caller it cannot tell apart (docs/contract.md
+/// §12), which would hand one caller another's stored answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unidentified {
+    /// Nothing before the layer said who the caller is: the service's authentication did not
+    /// run first, or found no account. `500 urn:idem:problem:no-account`, and the
+    /// misconfiguration is logged once per process.
+    NoAccount,
+    /// The caller sent no credential to derive its scope from. `401
+    /// urn:idem:problem:no-credential`; the text tells the caller what to send.
+    NoCredential(String),
+}
 
 /// Applies the idem HTTP contract (docs/contract.md §2) to the wrapped service.
 ///
@@ -202,14 +217,33 @@ impl<M: Mode> IdempotencyLayer<M> {
         self
     }
 
-    /// Sets how the account is found. The default reads an [`AccountId`] request extension
-    /// (put there by the service's authentication, which must run before this layer) and
-    /// falls back to one shared anonymous account.
+    /// Sets how the account is found. The default reads the [`AccountId`] request extension
+    /// that the service's authentication put there, and refuses a covered request without one
+    /// ([`Unidentified::NoAccount`]). `account` may refuse likewise: the request is then
+    /// answered with the refusal's problem, and nothing runs or is stored.
     pub fn with_account(
         mut self,
-        account: impl Fn(&Parts) -> AccountId + Send + Sync + 'static,
+        account: impl Fn(&Parts) -> Result<AccountId, Unidentified> + Send + Sync + 'static,
     ) -> Self {
         self.account = Arc::new(account);
+        self
+    }
+
+    /// Files every covered request that carries no [`AccountId`] under one shared scope,
+    /// `anonymous`, instead of refusing it.
+    ///
+    /// **The risk:** keys are then global among unidentified callers, so a caller who sends
+    /// another's key with the same body is replayed the other's stored response (an order, an
+    /// address, a payment). Only for services whose callers are never told apart and whose
+    /// responses hold nothing private.
+    pub fn with_shared_anonymous_scope(mut self) -> Self {
+        self.account = Arc::new(|parts: &Parts| {
+            Ok(parts
+                .extensions
+                .get::<AccountId>()
+                .cloned()
+                .unwrap_or_else(|| AccountId::new("anonymous")))
+        });
         self
     }
 
@@ -249,12 +283,32 @@ fn checked_pointers<P: AsRef<str>>(pointers: impl IntoIterator<Item = P>) -> Vec
         .collect()
 }
 
-fn account_from_extensions(parts: &Parts) -> AccountId {
+/// The default account: the [`AccountId`] extension the service's authentication set.
+fn account_from_extensions(parts: &Parts) -> Result<AccountId, Unidentified> {
     parts
         .extensions
         .get::<AccountId>()
         .cloned()
-        .unwrap_or_else(|| AccountId::new("anonymous"))
+        .ok_or(Unidentified::NoAccount)
+}
+
+/// Logs, once per process, why requests are refused with `no-account`: it is a wiring mistake
+/// that every covered request repeats, so one line that names the fix is worth more than a
+/// line per request.
+fn log_no_account_once(parts: &Parts) {
+    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !LOGGED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::error!(
+            method = %parts.method,
+            path = parts.uri.path(),
+            "IdempotencyLayer refuses covered requests with 500 no-account: no AccountId \
+             request extension. Put your authentication outside the layer so it runs first \
+             (in axum the last .layer() runs first: call .layer(auth) after \
+             .layer(IdempotencyLayer::..)), or set with_account; with_shared_anonymous_scope \
+             shares one scope among all unidentified callers (one can be replayed another's \
+             answer). Logged once."
+        );
+    }
 }
 
 impl<St: TransactionalStore> IdempotencyLayer<TransactionMode<St>> {
@@ -425,10 +479,11 @@ where
     // left half-written.
     match Section::new(layer.mode.run(claim, inner, request)).await {
         Ok(result) => result,
+        // The handler's own panics are answered inside the section, where the claim can be
+        // let go; this is one in the layer's own steps.
         Err(Panicked) => {
             tracing::error!("the idempotent section panicked");
-            Ok(Refusal::StoreUnavailable
-                .response("the request failed unexpectedly; retry with the same key"))
+            Ok(Refusal::HandlerFailed.refuse("the request failed unexpectedly"))
         }
     }
 }
@@ -464,8 +519,20 @@ where
     ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     ResBody: From<Bytes>,
 {
+    // Before the body is read: a request that cannot be scoped is refused at once.
+    let account = match (layer.account)(&parts) {
+        Ok(account) => account,
+        Err(Unidentified::NoAccount) => {
+            log_no_account_once(&parts);
+            return Err(Refusal::NoAccount.refuse(
+                "the service found no account for this request, so its Idempotency-Key cannot be scoped; nothing was run",
+            ));
+        }
+        Err(Unidentified::NoCredential(detail)) => {
+            return Err(Refusal::NoCredential.refuse(detail));
+        }
+    };
     let body = read_body(&layer.policy, &parts, body).await?;
-    let account = (layer.account)(&parts);
     let fingerprint = fingerprint(&parts, &account, &body, &layer.body_selection)?;
     let key = match key {
         KeyAt::Header(key) => key,
@@ -774,7 +841,9 @@ mod tests {
             .await
             .unwrap();
         Harness {
-            layer: adjust(IdempotencyLayer::leased(store)),
+            layer: adjust(
+                IdempotencyLayer::leased(store).with_account(|_| Ok(AccountId::new("acct_unit"))),
+            ),
             calls: Arc::default(),
             _dir: dir,
         }

@@ -15,20 +15,40 @@
 //! client gets its first byte; otherwise a body the layer holds whole (a response within the
 //! cap, a replay, a refusal). So the layer never holds more of a response than the cap.
 //!
+//! Keys are scoped to the caller's account: the layer reads the [`idem_core::AccountId`] that
+//! the service's authentication put in the request's extensions, so that authentication must
+//! run first (in axum the last `.layer()` runs first). A covered request without one is
+//! refused with `500 urn:idem:problem:no-account` rather than filed under a scope shared with
+//! every other caller ([`IdempotencyLayer::with_account`] and
+//! [`IdempotencyLayer::with_shared_anonymous_scope`] change that).
+//!
 //! In transaction mode the handler writes through the transaction the layer opened ([`Tx`]),
 //! so the key and the business rows commit together:
 //!
 //! ```
-//! use axum::{Router, routing::post, http::StatusCode};
+//! use axum::{Router, extract::Request, middleware::{self, Next}, response::Response};
+//! use axum::{http::StatusCode, routing::post};
+//! use idem_core::AccountId;
 //! use idem_store::{SqliteStore, SqliteTx};
 //! use idem_tower::{IdempotencyLayer, Tx};
 //!
-//! async fn create_order(mut tx: Tx<SqliteTx>) -> (StatusCode, &'static str) {
+//! async fn create_order(mut tx: Tx<SqliteTx>) -> Result<StatusCode, StatusCode> {
 //!     sqlx::query("INSERT INTO orders (sku) VALUES ('A1')")
 //!         .execute(&mut **tx)
 //!         .await
-//!         .unwrap();
-//!     (StatusCode::CREATED, "created")
+//!         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+//!     Ok(StatusCode::CREATED)
+//! }
+//!
+//! /// The app's own authentication: it names the caller's account, or refuses.
+//! async fn authenticate(mut request: Request, next: Next) -> Result<Response, StatusCode> {
+//!     let token = request.headers().get("authorization").and_then(|v| v.to_str().ok());
+//!     let account = match token {
+//!         Some("Bearer sk_test_alice") => AccountId::new("acct_alice"),
+//!         _ => return Err(StatusCode::UNAUTHORIZED),
+//!     };
+//!     request.extensions_mut().insert(account);
+//!     Ok(next.run(request).await)
 //! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -39,7 +59,9 @@
 //!
 //! let app: Router = Router::new()
 //!     .route("/orders", post(create_order))
-//!     .layer(IdempotencyLayer::transactional(store));
+//!     .layer(IdempotencyLayer::transactional(store))
+//!     // Added last, so it runs first: the layer sees the account it set.
+//!     .layer(middleware::from_fn(authenticate));
 //! # let _ = app;
 //! # Ok(()) }
 //! ```
@@ -60,7 +82,7 @@ mod extract;
 pub use body::ResponseBody;
 #[cfg(feature = "axum")]
 pub use extract::{NoTransaction, Tx};
-pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture};
+pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture, Unidentified};
 pub use mode::{LeaseMode, Mode, TransactionMode};
 pub use outcome::Outcome;
 pub use reconcile::Reconciliation;

@@ -17,6 +17,7 @@ use tower::{Service, ServiceExt};
 use crate::body::{ResponseBody, read_response};
 use crate::claim::Claim;
 use crate::response::{ErrorChain, Refusal, Served, retry_after_value, settle, store_unavailable};
+use crate::section::{Panicked, catch_panic};
 use crate::{Outcome, OutcomeSignal, Reconciliation};
 
 /// How the layer makes a key's claim and its work atomic: [`TransactionMode`] or
@@ -134,7 +135,19 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
         let slot: TxSlot<St::Tx> = Arc::new(Mutex::new(Some(tx)));
         request.extensions_mut().insert(slot.clone());
         request.extensions_mut().insert(claim.scope().clone());
-        let response = call(&mut inner, request).await;
+        let Ok(response) = catch_panic(call(&mut inner, request)).await else {
+            // The handler's future is gone, and its guard on the slot with it: roll back, so
+            // the key row goes with whatever the handler wrote and a retry runs fresh.
+            if let Some(tx) = slot.lock().await.take()
+                && let Err(e) = self.0.rollback(tx).await
+            {
+                tracing::warn!(error = %ErrorChain(&e), "rollback after a panic failed");
+            }
+            return Ok(handler_failed(
+                claim.scope(),
+                "the handler failed (it panicked); nothing was committed and the key is free, so a retry with the same key runs again",
+            ));
+        };
         // The handler has returned, so its guard on the slot is gone (unless it leaked one
         // into a task; then this waits for that task).
         let Some(tx) = slot.lock().await.take() else {
@@ -253,11 +266,14 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         if let ControlFlow::Break(answer) = self.claim_or_wait(&mut claim).await {
             return Ok(answer);
         }
-        let response = self.renewing_lease(&claim, call(&mut inner, request)).await;
+        let response = self
+            .renewing_lease(&claim, catch_panic(call(&mut inner, request)))
+            .await;
         let response = match response {
-            Ok(response) => response,
+            Ok(Ok(response)) => response,
+            Err(Panicked) => return Ok(self.handler_panicked(&claim).await),
             // The service failed without a response: the outcome is unknown.
-            Err(e) => {
+            Ok(Err(e)) => {
                 let _ = self.outcome_unknown(&claim).await;
                 return Err(e);
             }
@@ -415,6 +431,37 @@ impl<St: Store> LeaseMode<St> {
         response
     }
 
+    /// The answer to a handler that panicked. Where retries take a claim over (the work
+    /// passes the key to a downstream that dedupes on it), the key is released, so the retry
+    /// runs again at once as a takeover would; where a reconciler decides (no takeover), the
+    /// handler may have called out before it panicked, so the outcome is left unknown for it.
+    async fn handler_panicked<B: From<Bytes>>(&self, claim: &Claim) -> Response<B> {
+        if self.take_over {
+            match self.store.release(claim.scope(), claim.token()).await {
+                Ok(true) => {
+                    if let Some((_, signal)) = &self.wait {
+                        signal.wake(&claim.scope().log_label());
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %ErrorChain(&e), "releasing the key after a panic failed; its lease will run out")
+                }
+            }
+            return handler_failed(
+                claim.scope(),
+                "the handler failed (it panicked); nothing was stored and the key is free, so a retry with the same key runs again",
+            );
+        }
+        let (_, retry_after) = self.outcome_unknown(claim).await;
+        let mut response = handler_failed(
+            claim.scope(),
+            "the handler failed (it panicked) after it may have called another system; the outcome is being reconciled; retry after Retry-After with the same key",
+        );
+        set_retry_after(&mut response, retry_after);
+        response
+    }
+
     /// [`outcome_unknown`] with this mode's store and reconciler.
     async fn outcome_unknown(&self, claim: &Claim) -> (idem_store::Result<bool>, Duration) {
         outcome_unknown(&*self.store, claim, self.reconciliation.as_ref()).await
@@ -445,6 +492,12 @@ async fn renew_while<T, R: Future<Output = ()>>(
             _ = renewals.tick() => renew().await,
         }
     }
+}
+
+/// The `500 handler-failed` answer to a handler that panicked, logged with its key.
+fn handler_failed<B: From<Bytes>>(scope: &idem_core::Scope, detail: &str) -> Response<B> {
+    tracing::error!(key = %scope.log_label(), "the handler panicked");
+    Refusal::HandlerFailed.refuse(detail)
 }
 
 /// Calls `inner` once it is ready.

@@ -37,6 +37,12 @@ pub(crate) enum Refusal {
         retry_after: Duration,
     },
     StoreUnavailable,
+    /// No account to scope the key to (docs/contract.md §12).
+    NoAccount,
+    /// No credential to derive the scope from.
+    NoCredential,
+    /// The handler panicked; nothing was stored.
+    HandlerFailed,
 }
 
 impl Refusal {
@@ -52,6 +58,9 @@ impl Refusal {
             Self::InUse => ProblemKind::InUse,
             Self::OutcomeUnknown { .. } => ProblemKind::OutcomeUnknown,
             Self::StoreUnavailable => ProblemKind::StoreUnavailable,
+            Self::NoAccount => ProblemKind::NoAccount,
+            Self::NoCredential => ProblemKind::NoCredential,
+            Self::HandlerFailed => ProblemKind::HandlerFailed,
         }
     }
 
@@ -64,7 +73,11 @@ impl Refusal {
             | Self::MalformedBody
             | Self::BodyTooLarge
             | Self::BodyTimeout
-            | Self::Mismatch => None,
+            | Self::Mismatch
+            | Self::NoCredential => None,
+            // A wiring mistake, and a handler that panicked would most likely panic again: a
+            // client that retries at once only repeats it.
+            Self::NoAccount | Self::HandlerFailed => None,
             // A lease's remaining time is only the worst case (it is renewed while the work
             // runs), and most work ends in well under a second: ask for a retry in one.
             Self::InUse => Some(Duration::from_secs(1)),
@@ -85,6 +98,9 @@ impl Refusal {
             Self::Mismatch => "mismatch",
             Self::InUse | Self::OutcomeUnknown { .. } => "in_flight",
             Self::StoreUnavailable => "store_unavailable",
+            Self::NoAccount => "no_account",
+            Self::NoCredential => "no_credential",
+            Self::HandlerFailed => "handler_failed",
         }
     }
 
@@ -277,6 +293,9 @@ mod tests {
             (Refusal::BodyTooLarge, 413, None),
             (Refusal::BodyTimeout, 408, None),
             (Refusal::StoreUnavailable, 503, Some("1")),
+            (Refusal::NoAccount, 500, None),
+            (Refusal::NoCredential, 401, None),
+            (Refusal::HandlerFailed, 500, None),
         ];
         for (refusal, status, retry_after) in cases {
             let response: Response<Bytes> = refusal.response("d");

@@ -84,6 +84,21 @@ where
     }
 }
 
+/// Runs `work`, turning a panic inside it into `Err(Panicked)`, so that the caller can let go
+/// of what the work held (its claim, its transaction) before it answers. The work is dropped
+/// once it panicked, and with it whatever it borrowed (the handler's `Tx` guard).
+pub(crate) async fn catch_panic<F: Future>(work: F) -> Result<F::Output, Panicked> {
+    let mut work = std::pin::pin!(work);
+    std::future::poll_fn(|cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => Poll::Ready(Err(Panicked)),
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use idem_core::{
 };
 use idem_store::watched::WatchedStore;
 use idem_store::{SqliteStore, SqliteTx};
-use idem_tower::{IdempotencyLayer, Outcome, Tx};
+use idem_tower::{IdempotencyLayer, Outcome, Tx, Unidentified};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
@@ -99,7 +99,7 @@ struct App {
     _dir: tempfile::TempDir,
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
     Transaction,
     /// Transaction mode without the read before the claim.
@@ -130,8 +130,26 @@ async fn sqlite_store() -> (SqliteStore, tempfile::TempDir) {
     (store, dir)
 }
 
-/// Serves `router` on a loopback port; returns the URL of its `/work` route.
+/// The account every test request acts for, unless a test says otherwise.
+const ACCOUNT: &str = "acct_test";
+
+/// The service's authentication, as an app puts it outside the layer: the `x-account` header
+/// names the caller's account (a request without it has none).
+async fn authenticate(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(account) = request.headers().get("x-account") {
+        let account = AccountId::new(account.to_str().unwrap());
+        request.extensions_mut().insert(account);
+    }
+    next.run(request).await
+}
+
+/// Serves `router`, behind [`authenticate`] (added last, so it runs first), on a loopback
+/// port; returns the URL of its `/work` route.
 async fn serve(router: Router) -> String {
+    let router = router.layer(axum::middleware::from_fn(authenticate));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/work", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await });
@@ -148,6 +166,7 @@ fn post(
     let mut req = client
         .post(url)
         .header("content-type", "application/json")
+        .header("x-account", ACCOUNT)
         .body(body.to_owned());
     if let Some(key) = key {
         req = req.header("idempotency-key", key);
@@ -292,10 +311,10 @@ fn problem_type(body: &[u8]) -> serde_json::Value {
     problem["type"].clone()
 }
 
-/// The scope the layer gives `key` on a request with no account (no `Authorization`).
-fn anonymous_scope(key: &[u8]) -> Scope {
+/// The scope the layer gives `key` on a test request ([`ACCOUNT`]'s).
+fn test_scope(key: &[u8]) -> Scope {
     Scope::new(
-        AccountId::new("anonymous"),
+        AccountId::new(ACCOUNT),
         IdempotencyKey::parse(key, KeyLimits::default()).unwrap(),
     )
 }
@@ -514,7 +533,7 @@ async fn a_client_hanging_up_does_not_cancel_the_work() {
         let body = GATE;
         let mut socket = app.connect().await;
         let request = format!(
-            "POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: hangup-key-0001\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST /work HTTP/1.1\r\nhost: x\r\nx-account: acct_test\r\nidempotency-key: hangup-key-0001\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         );
         socket.write_all(request.as_bytes()).await.unwrap();
@@ -523,7 +542,7 @@ async fn a_client_hanging_up_does_not_cancel_the_work() {
         app.handler.gate.add_permits(1);
         // The work goes on without its client and stores its outcome; cancelled work would
         // leave none (rolled back, or in progress), and the wait runs out.
-        let scope = anonymous_scope(b"hangup-key-0001");
+        let scope = test_scope(b"hangup-key-0001");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let record = idem_store::Store::get(&app.store, &scope).await.unwrap();
@@ -547,28 +566,193 @@ async fn a_client_hanging_up_does_not_cancel_the_work() {
     }
 }
 
-/// A handler that panics gets its client a `503` that says to retry, and takes neither the
-/// connection's other requests nor the server down; in transaction mode nothing it wrote is
-/// kept, so the retry runs.
+/// A handler that panics gets its client a `500 handler-failed` (not a store outage: nothing
+/// to retry at once, so no `Retry-After`), and takes neither the connection's other requests
+/// nor the server down. Nothing is stored and the key is free, so the retry runs: in
+/// transaction mode with nothing the handler wrote kept, in lease mode released as a takeover
+/// would. Where a reconciler decides instead of takeovers, the handler may have called out
+/// before it panicked, so the outcome is left to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_handler_is_answered_503_and_the_server_goes_on() {
-    for kind in [Kind::Transaction, Kind::Lease] {
+async fn a_panicking_handler_is_answered_500_and_its_key_is_free() {
+    for kind in [Kind::Transaction, Kind::Lease, Kind::LeaseReconciled] {
         let app = start(kind, |_| {}).await;
         let (status, headers, body) = app.send(Some("panic-key-0001"), r#"{"panic": true}"#).await;
-        assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
-        assert!(headers.contains_key("retry-after"));
-        assert!(String::from_utf8_lossy(&body).contains("failed unexpectedly"));
+        assert_eq!(status, 500, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(problem_type(&body), "urn:idem:problem:handler-failed");
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            problem["status"], 500,
+            "the body says what the status line says"
+        );
         let (status, _, _) = app.send(Some("panic-key-0002"), "{}").await;
-        assert_eq!(status, 201);
-        if kind == Kind::Transaction {
-            assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
-            let (status, _, _) = app.send(Some("panic-key-0001"), "{}").await;
+        assert_eq!(status, 201, "the server goes on");
+        if kind == Kind::LeaseReconciled {
+            let (status, _, body) = app.send(Some("panic-key-0001"), r#"{"panic": true}"#).await;
+            assert!(headers.contains_key("retry-after"), "{kind:?}");
             assert_eq!(
-                status, 201,
-                "the panicked request's key was rolled back with it"
+                (status, problem_type(&body)),
+                (409, "urn:idem:problem:outcome-unknown".into())
+            );
+            assert_eq!(app.calls(), 2, "the panicked work is not run again");
+            continue;
+        }
+        assert!(!headers.contains_key("retry-after"), "{kind:?}");
+        // Another body under the same key would be refused 422 had anything been stored.
+        let (status, _, _) = app.send(Some("panic-key-0001"), "{}").await;
+        assert_eq!(status, 201, "{kind:?}: the panicked request's key is free");
+        assert_eq!(app.calls(), 3);
+        if kind == Kind::Transaction {
+            assert_eq!(
+                app.count("SELECT COUNT(*) FROM effects").await,
+                2,
+                "the panicked handler's write was rolled back with its key"
             );
         }
     }
+}
+
+/// A covered request that reaches the layer with no account (its authentication did not run
+/// first) is refused, not filed under a scope shared with every other such caller: nothing
+/// runs and nothing is stored.
+#[tokio::test]
+async fn a_request_without_an_account_is_refused_and_nothing_runs() {
+    for kind in [Kind::Transaction, Kind::Lease] {
+        let app = start(kind, |_| {}).await;
+        let request = app
+            .client
+            .post(&app.url)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "checkout-3fa1b2")
+            .body(r#"{"item":"sku-42"}"#);
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 500);
+        let body = response.bytes().await.unwrap();
+        assert_eq!(problem_type(&body), "urn:idem:problem:no-account");
+        assert_eq!(app.calls(), 0);
+        assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+    }
+}
+
+/// Two accounts that send the same key and body each get their own answer.
+#[tokio::test]
+async fn one_key_from_two_accounts_names_two_requests() {
+    let app = start(Kind::Transaction, |_| {}).await;
+    let mut answers = Vec::new();
+    for account in ["acct_alice", "acct_bob", "acct_alice"] {
+        let response = app
+            .client
+            .post(&app.url)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "checkout-3fa1b2")
+            .header("x-account", account)
+            .body(r#"{"item":"sku-42"}"#)
+            .send()
+            .await
+            .unwrap();
+        answers.push((response.status().as_u16(), replayed(response.headers())));
+    }
+    assert_eq!(answers, [(201, false), (201, false), (201, true)]);
+    assert_eq!(app.calls(), 2);
+}
+
+/// The opt-in shared scope does what its name says, and so shows its risk: the second
+/// unidentified caller is replayed the first one's answer.
+#[tokio::test]
+async fn the_shared_anonymous_scope_is_an_opt_in_and_shares() {
+    let (store, _dir) = sqlite_store().await;
+    let handler = Handler::new();
+    let router = Router::new()
+        .route("/work", routing::post(tx_handler))
+        .layer(IdempotencyLayer::transactional(store).with_shared_anonymous_scope())
+        .with_state(handler.clone());
+    let url = serve(router).await;
+    let client = reqwest::Client::new();
+    let mut replays = Vec::new();
+    for _ in 0..2 {
+        let response = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "checkout-3fa1b2")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 201);
+        replays.push(replayed(response.headers()));
+    }
+    assert_eq!(replays, [false, true]);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+}
+
+/// `with_account` can refuse: here a service scoped by its session cookie answers a request
+/// without one `401 no-credential`, and runs nothing.
+#[tokio::test]
+async fn with_account_can_refuse_a_request_without_its_credential() {
+    let (store, _dir) = sqlite_store().await;
+    let handler = Handler::new();
+    let layer = IdempotencyLayer::leased(store).with_account(|parts| {
+        parts
+            .headers
+            .get("cookie")
+            .and_then(|c| c.to_str().ok())
+            .and_then(|c| c.strip_prefix("session="))
+            .map(|session| AccountId::new(format!("session:{session}")))
+            .ok_or_else(|| {
+                Unidentified::NoCredential("log in first: send your session cookie".into())
+            })
+    });
+    let router = Router::new()
+        .route("/work", routing::post(lease_handler))
+        .layer(layer)
+        .with_state(handler.clone());
+    let url = serve(router).await;
+    let client = reqwest::Client::new();
+    let send = |cookie: Option<&'static str>| {
+        let mut request = client
+            .post(&url)
+            .header("idempotency-key", "checkout-3fa1b2")
+            .body("{}");
+        if let Some(cookie) = cookie {
+            request = request.header("cookie", cookie);
+        }
+        request.send()
+    };
+    let refused = send(None).await.unwrap();
+    assert_eq!(refused.status(), 401);
+    let body = refused.bytes().await.unwrap();
+    assert_eq!(problem_type(&body), "urn:idem:problem:no-credential");
+    assert!(String::from_utf8_lossy(&body).contains("session cookie"));
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 0);
+    let alice = send(Some("session=alice")).await.unwrap();
+    let bob = send(Some("session=bob")).await.unwrap();
+    assert_eq!(
+        (alice.status(), bob.status()),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(!replayed(bob.headers()), "bob's key is his own");
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 2);
+}
+
+/// A handler that asks for a transaction on a route the layer opened none for is told so by a
+/// `500` whose body agrees with its status and names the type it asked for.
+#[tokio::test]
+async fn a_tx_asked_for_without_transaction_mode_is_a_500_naming_the_type() {
+    let (store, _dir) = sqlite_store().await;
+    let router = Router::new()
+        .route("/work", routing::post(tx_handler))
+        .layer(IdempotencyLayer::leased(store))
+        .with_state(Handler::new());
+    let url = serve(router).await;
+    let response = post(&reqwest::Client::new(), &url, Some("no-tx-key-0001"), "{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 500);
+    let problem: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:no-transaction");
+    assert_eq!(problem["status"], 500);
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("SqliteTx"), "{detail}");
 }
 
 #[tokio::test]
@@ -616,7 +800,7 @@ async fn a_chunked_body_over_the_limit_is_413() {
     let mut socket = app.connect().await;
     let chunk = "x".repeat(600);
     let request = format!(
-        "POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: chunked-key-001\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        "POST /work HTTP/1.1\r\nhost: x\r\nx-account: acct_test\r\nidempotency-key: chunked-key-001\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
         chunk.len(),
         chunk.len()
     );
@@ -638,7 +822,7 @@ async fn a_body_that_trickles_in_gets_408_not_a_hung_connection() {
     let mut socket = app.connect().await;
     // Declares 100 bytes, sends 10, then stalls.
     socket
-        .write_all(b"POST /work HTTP/1.1\r\nhost: x\r\nidempotency-key: trickle-key-001\r\ncontent-type: text/plain\r\ncontent-length: 100\r\n\r\n0123456789")
+        .write_all(b"POST /work HTTP/1.1\r\nhost: x\r\nx-account: acct_test\r\nidempotency-key: trickle-key-001\r\ncontent-type: text/plain\r\ncontent-length: 100\r\n\r\n0123456789")
         .await
         .unwrap();
     let mut reply = vec![0; 4096];
@@ -734,7 +918,7 @@ async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
         .with_state(handler.clone());
     let url = serve(router).await;
     let key = "late-store-key1";
-    let scope = anonymous_scope(key.as_bytes());
+    let scope = test_scope(key.as_bytes());
     let send = || {
         post(
             &reqwest::Client::new(),

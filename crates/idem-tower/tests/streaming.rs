@@ -128,6 +128,8 @@ impl Answer {
 }
 
 const KEY: &str = "stream-key-0001";
+/// The account every request of these tests acts for.
+const ACCOUNT: &str = "acct_stream";
 
 impl<St: Store> App<St> {
     async fn start<M: Mode>(store: St, layer: IdempotencyLayer<M>) -> Self {
@@ -135,7 +137,8 @@ impl<St: Store> App<St> {
         let calls = Arc::new(AtomicUsize::new(0));
         let router = Router::new()
             .route("/work", axum::routing::post(handler))
-            .layer(layer)
+            // One caller per app: every request acts for the same account.
+            .layer(layer.with_account(|_| Ok(AccountId::new(ACCOUNT))))
             .with_state(Handler {
                 read: reader,
                 calls: calls.clone(),
@@ -205,7 +208,7 @@ impl<St: Store> App<St> {
 
     async fn record(&self) -> Option<Record> {
         let scope = Scope::new(
-            AccountId::new("anonymous"),
+            AccountId::new(ACCOUNT),
             IdempotencyKey::parse(KEY.as_bytes(), KeyLimits::default()).unwrap(),
         );
         self.store.get(&scope).await.unwrap()
