@@ -4,11 +4,9 @@
 //! and the answers the server gives to provoked failures are the ones the document lists.
 //! `scripts/schemathesis.sh` explores the same document with generated requests.
 
-mod common;
-
 use std::collections::BTreeSet;
 
-use common::{ALICE, Answer, TestServer, send, start_psp};
+use crate::common::{ALICE, Answer, TestServer, send, start_psp};
 use idem_cli::fake_psp::Faults;
 use idem_core::ProblemKind;
 use serde_json::Value;
@@ -209,6 +207,7 @@ fn emitted_problem_types() -> Vec<&'static str> {
         ProblemKind::BodyTimeout,
         ProblemKind::StoreUnavailable,
         ProblemKind::UpstreamUnavailable,
+        ProblemKind::HandlerFailed,
     ]
     .map(ProblemKind::type_uri);
     let service = [

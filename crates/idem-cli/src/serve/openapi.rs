@@ -126,6 +126,12 @@ const PROBLEMS: &[ProblemType] = &[
         description: "The payment could not be recorded. Nothing was charged or stored; retry with the same key.",
     },
     ProblemType {
+        schema: "HandlerFailedProblem",
+        uri: "urn:idem:problem:handler-failed",
+        statuses: &[500],
+        description: "The handler failed unexpectedly (it panicked). Nothing was stored and the key is free: a retry with the same key runs again (a payout whose outcome may be unknown is reconciled first).",
+    },
+    ProblemType {
         schema: "UpstreamUnavailableProblem",
         uri: "urn:idem:problem:upstream-unavailable",
         statuses: &[502],
@@ -529,16 +535,20 @@ fn covered_post(
     for (status, response) in extra {
         responses = responses.response(*status, response.clone());
     }
-    if internal {
-        responses = responses.response(
-            "500",
-            problem_response(
-                "The payment could not be recorded; nothing was charged.",
-                &["InternalProblem"],
-                false,
-            ),
-        );
-    }
+    // Any handler can fail unexpectedly (a panic); payments also say when they could not be
+    // recorded.
+    let (failed, failures): (&str, &[&str]) = if internal {
+        (
+            "The payment could not be recorded, or the handler failed unexpectedly; nothing was charged or stored.",
+            &["InternalProblem", "HandlerFailedProblem"],
+        )
+    } else {
+        (
+            "The handler failed unexpectedly; nothing was stored.",
+            &["HandlerFailedProblem"],
+        )
+    };
+    responses = responses.response("500", problem_response(failed, failures, false));
     authenticated(id, summary, description)
         .parameter_ref(Ref::new("#/components/parameters/IdempotencyKey"))
         .request_body(Some(

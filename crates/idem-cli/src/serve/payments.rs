@@ -44,11 +44,20 @@ pub(crate) struct NewPayment {
 pub(crate) fn parse_request(body: &[u8]) -> Result<NewPayment, String> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
-    let amount = value
-        .get("amount")
-        .and_then(Value::as_i64)
+    /// The amount as written, so that an integer written with a fraction or an exponent
+    /// (`48.0`, `4.8e1`: JSON Schema's `integer` admits both) is read exactly, never through
+    /// a float that would round `9007199254740993.0`.
+    #[derive(serde::Deserialize)]
+    struct AmountText<'a> {
+        #[serde(borrow)]
+        amount: Option<&'a serde_json::value::RawValue>,
+    }
+    let amount = serde_json::from_slice::<AmountText>(body)
+        .ok()
+        .and_then(|text| text.amount)
+        .and_then(|raw| integral(raw.get()))
         .filter(|a| *a > 0)
-        // as_i64 refuses 1.0 and "1": amounts are integers in minor units.
+        // A string ("1") or a fraction (1.5) is refused: amounts are integers in minor units.
         .ok_or("amount must be a positive integer (minor units)")?;
     let currency = value
         .get("currency")
@@ -69,6 +78,54 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<NewPayment, String> {
         currency: currency.to_owned(),
         reference,
     })
+}
+
+/// The integer a JSON number's text names exactly (`48`, `48.0`, `4.8e1`, `480e-1`), or `None`
+/// for a fraction, a number out of `i64`'s range, or anything that is not a number. Written
+/// by hand because a float would round large amounts, and `serde_json`'s exact numbers
+/// (`arbitrary_precision`) would change every other number the service parses.
+fn integral(text: &str) -> Option<i64> {
+    let (mantissa, exponent) = match text.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.strip_prefix('+').unwrap_or(e).parse::<i32>().ok()?),
+        None => (text, 0),
+    };
+    let (negative, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => (true, m),
+        None => (false, mantissa),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if whole.is_empty()
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let digits = format!("{whole}{fraction}");
+    let digits = digits.trim_start_matches('0');
+    // The value is `digits` × 10^scale.
+    let scale = i64::from(exponent) - fraction.len() as i64;
+    let digits = if scale >= 0 {
+        if digits.len() as i64 + scale > 19 {
+            return (digits.is_empty()).then_some(0);
+        }
+        format!("{digits}{}", "0".repeat(scale as usize))
+    } else {
+        let cut = digits.len().checked_sub(scale.unsigned_abs() as usize);
+        match cut {
+            Some(cut) if digits[cut..].bytes().all(|b| b == b'0') => digits[..cut].to_owned(),
+            // Fewer digits than the scale removes: only zero is an integer then.
+            None if digits.bytes().all(|b| b == b'0') => String::new(),
+            _ => return None,
+        }
+    };
+    let magnitude: i64 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().ok()?
+    };
+    Some(if negative { -magnitude } else { magnitude })
 }
 
 /// `POST /payments`. With a key it runs inside the transaction the idempotency layer opened,
@@ -233,5 +290,48 @@ pub(crate) async fn list<B: Backend>(
     match app.store.list_payments(account.as_str(), 100).await {
         Ok(data) => Json(serde_json::json!({ "data": data })).into_response(),
         Err(e) => database_error(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_integer_is_read_exactly_however_it_is_written() {
+        for (text, value) in [
+            ("48", Some(48)),
+            ("48.0", Some(48)),
+            ("48.000", Some(48)),
+            ("4.8e1", Some(48)),
+            ("4.8E+1", Some(48)),
+            ("480e-1", Some(48)),
+            ("0.0", Some(0)),
+            ("-3.0", Some(-3)),
+            ("9007199254740993.0", Some(9_007_199_254_740_993)),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("1e300", None),
+            ("48.5", None),
+            ("4.85e1", None),
+            ("\"48\"", None),
+            ("null", None),
+            (".5", None),
+        ] {
+            assert_eq!(integral(text), value, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_schema_valid_whole_float_amount_is_accepted() {
+        let payment = parse_request(br#"{"amount": 48.0, "currency": "INR"}"#).unwrap();
+        assert_eq!(payment.amount, 48);
+        for refused in [
+            r#"{"amount": 48.5, "currency": "INR"}"#,
+            r#"{"amount": "48", "currency": "INR"}"#,
+            r#"{"amount": 0.0, "currency": "INR"}"#,
+        ] {
+            assert!(parse_request(refused.as_bytes()).is_err(), "{refused}");
+        }
     }
 }
