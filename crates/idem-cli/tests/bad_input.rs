@@ -8,11 +8,9 @@
 //! (not a field-vchar), obs-fold (RFC 9112 §5.2), and the malformed "request" that the excess
 //! of a body larger than declared turns into.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{ALICE, TestServer};
+use crate::common::{ALICE, TestServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

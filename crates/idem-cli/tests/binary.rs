@@ -1,10 +1,8 @@
 //! The `idem` binary as a newcomer runs it: `idem serve` with no set-up.
 
-mod common;
-
 use std::process::Command;
 
-use common::{Spawned, assert_healthy};
+use crate::common::{Spawned, assert_healthy};
 
 #[tokio::test]
 async fn serve_starts_on_a_fresh_sqlite_file_with_no_setup() {

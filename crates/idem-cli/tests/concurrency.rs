@@ -1,10 +1,8 @@
 //! Real concurrent requests against a real `idem serve`: one intent, one payment.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 
-use common::{ALICE, Answer, TestServer, send};
+use crate::common::{ALICE, Answer, TestServer, send};
 use futures_util::future::join_all;
 use rand::seq::SliceRandom;
 

@@ -1,11 +1,9 @@
 //! docs/contract.md §2, row by row, against a real `idem serve`: each test sends the request and checks
 //! the status, the body and what the database holds afterwards.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{ALICE, BOB, TestServer, assert_healthy, keyed, metrics, send};
+use crate::common::{ALICE, BOB, TestServer, assert_healthy, keyed, metrics, send};
 
 const BODY: &str = r#"{"amount": 49900, "currency": "INR"}"#;
 
@@ -85,7 +83,7 @@ async fn a_missing_key_is_400_and_nothing_is_stored() {
 #[tokio::test]
 async fn idem_refusals_link_the_published_rules_and_nothing_else_does() {
     let server = TestServer::start().await;
-    let link = |answer: &common::Answer| {
+    let link = |answer: &crate::common::Answer| {
         answer
             .headers
             .get("link")

@@ -1,19 +1,17 @@
 //! `idem drill` against a real `idem serve`, where every check passes, and against two broken
 //! APIs built here, where the drill names the checks they fail.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::common::{ALICE, BOB, TestServer, drill_args, idem};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use common::{ALICE, BOB, TestServer, drill_args, idem};
 use idem_cli::drill::{Drill, DrillConfig, Report, Status};
 use idem_client::{RecordingSleeper, Sleep, Sleeper};
 use idem_core::ManualClock;

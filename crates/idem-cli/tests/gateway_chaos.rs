@@ -33,17 +33,10 @@
 //! IDEM_CHAOS_SECS=300 cargo test -p idem-cli --test gateway_chaos -- --nocapture
 //! ```
 
-#[path = "common/processes.rs"]
-mod processes;
-
-#[path = "chaos/journal.rs"]
-mod journal;
-#[path = "chaos/load.rs"]
-mod load;
-#[path = "chaos/schedule.rs"]
-mod schedule;
-#[path = "chaos/settings.rs"]
-mod settings;
+use crate::chaos::journal;
+use crate::chaos::load;
+use crate::chaos::schedule;
+use crate::chaos::settings;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -3,15 +3,13 @@
 //! `idem serve`'s relay killed after publishing and before marking the event sent, and two
 //! relays with two workers at once. Every test counts receipts per event in the database.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::ALICE;
+use crate::common::ALICE;
 use futures_util::StreamExt as _;
 use idem_consumer::any::{AnyPublisher, BrokerSettings, delete_broker_objects};
 use idem_consumer::{EventId, Message, Publisher as _};

@@ -1,13 +1,11 @@
 //! Work outside the database: `kill -9` of a real `idem serve` at each point of a payout, the
 //! reconciler, gapless invoices under concurrency, and `idem keys`.
 
-mod common;
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{ALICE, Spawned, TestServer, idem_output, send, start_psp};
+use crate::common::{ALICE, Spawned, TestServer, idem_output, send, start_psp};
 use futures_util::future::join_all;
 use idem_cli::fake_psp::{FakePsp, Faults};
 
@@ -70,7 +68,7 @@ fn payout(url: &str, key: &str) -> reqwest::RequestBuilder {
 }
 
 /// Retries like a client until a final answer; returns it and how many 409s it saw.
-async fn retry_until_final(url: &str, key: &str) -> (common::Answer, usize) {
+async fn retry_until_final(url: &str, key: &str) -> (crate::common::Answer, usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut conflicts = 0;
     loop {
@@ -251,9 +249,9 @@ async fn kill_9_during_a_held_call_the_other_instance_reconciles_with_one_post()
 async fn honour_retry_after(
     url: &str,
     key: &str,
-    first: common::Answer,
+    first: crate::common::Answer,
     first_at: Instant,
-) -> Vec<common::Answer> {
+) -> Vec<crate::common::Answer> {
     let mut answers = vec![first];
     let mut last_at = first_at;
     while let Some(last) = answers.last()

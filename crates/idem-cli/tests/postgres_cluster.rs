@@ -5,22 +5,17 @@
 //!
 //! Each test prints what it measured (`--nocapture` shows it).
 
-#[path = "common/payments.rs"]
-mod payments;
-#[path = "common/processes.rs"]
-mod processes;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures_util::future::join_all;
-use payments::{
+use crate::common::payments::{
     Load, STRIDE, Seen, Workers, assert_one_payment_per_key, assert_only_payments_and_refusals,
     lock_waiters, logs, tally,
 };
-use processes::{Cluster, PgDatabase, Serve};
+use crate::common::processes::{Cluster, PgDatabase, Serve};
+use futures_util::future::join_all;
 use rand::seq::SliceRandom;
 use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;

@@ -6,21 +6,16 @@
 //!
 //! The test prints the outage as the clients saw it (`--nocapture` shows it).
 
-#[path = "common/payments.rs"]
-mod payments;
-#[path = "common/processes.rs"]
-mod processes;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::join_all;
-use payments::{
+use crate::common::payments::{
     Load, Seen, Workers, assert_one_payment_per_key, assert_only_payments_and_refusals, logs,
     tally, until_sessions,
 };
-use processes::{Cluster, Serve};
+use crate::common::processes::{Cluster, Serve};
+use futures_util::future::join_all;
 use tokio::task::block_in_place;
 use tokio::time::Instant;
 

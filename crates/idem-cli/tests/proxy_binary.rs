@@ -1,11 +1,9 @@
 //! The `idem proxy` binary: start-up, its own `/healthz` and `/metrics`, a replay through it,
 //! and 100 MiB answers streamed through it in bounded memory.
 
-mod common;
-
 use std::process::Command;
 
-use common::{Spawned, assert_healthy, keyed, metrics};
+use crate::common::{Spawned, assert_healthy, keyed, metrics};
 
 /// Starts `idem proxy` from `dir` in front of `upstream`, with `extra` flags.
 fn start_proxy(dir: &std::path::Path, upstream: &str, extra: &[&str]) -> Spawned {

@@ -6,19 +6,16 @@
 //!
 //! Each test prints what it measured (`--nocapture` shows it).
 
-#[path = "common/processes.rs"]
-mod processes;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::common::processes::Proxy;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri, header};
 use bytes::Bytes;
 use idem_testkit::redis_cluster::RedisCluster;
-use processes::Proxy;
 use tokio::sync::{Notify, Semaphore};
 
 /// The upstream: answers `201` with a body naming the key and how many times it was called,

@@ -5,10 +5,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-#[path = "common/processes.rs"]
-mod processes;
-
-use processes::Idem;
+use crate::common::processes::Idem;
 
 /// The example of docs/contract.md §10.1.
 const GOOD: &str = include_str!("../../idem-gateway/tests/gateway.example.toml");

@@ -4,24 +4,20 @@
 //! ignores keys (extra charges with and without them), `idem proxy` in front of that naive
 //! API (keys hold again), and `idem serve` over https with a throwaway CA.
 
-mod common;
-#[path = "common/processes.rs"]
-mod processes;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use crate::common::processes::{Idem, Serve};
+use crate::common::{ALICE, idem_output};
 use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::{ALICE, idem_output};
 use idem_cli::simulate::{
     RateReport, Report, ResourceList, SimulateConfig, Target, TargetApi, simulate,
 };
 use indicatif::ProgressBar;
-use processes::{Idem, Serve};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use reqwest::header::{AUTHORIZATION, HeaderValue};
 use serde_json::{Value, json};

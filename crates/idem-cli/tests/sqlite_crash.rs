@@ -8,16 +8,13 @@
 //! stands, mid-group or mid-commit, waits until a client has sent a key the frozen service
 //! can no longer answer, and only then kills it. To the service, the kill lands at the freeze.
 
-#[path = "common/processes.rs"]
-mod processes;
-
 use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use processes::Serve;
+use crate::common::processes::Serve;
 use sqlx::Connection as _;
 use tokio::sync::Notify;
 

@@ -1,9 +1,7 @@
 //! Tenant isolation: account B reusing account A's keys always makes a fresh request of its
 //! own (never a replay of A's response, a 409 or a 422), 10,000 times over.
 
-mod common;
-
-use common::{ALICE, BOB, TestServer, send};
+use crate::common::{ALICE, BOB, TestServer, send};
 use futures_util::stream::{self, StreamExt};
 
 const TRIALS: usize = 10_000;

@@ -3,18 +3,14 @@
 //! checks APIs over https, and the proxy calls an https upstream. A certificate the client
 //! does not trust is refused with an error naming the host.
 
-mod common;
-#[path = "common/processes.rs"]
-mod processes;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::common::processes::{Idem, Serve};
+use crate::common::{ALICE, drill_args, idem};
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
-use common::{ALICE, drill_args, idem};
-use processes::{Idem, Serve};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair,
 };

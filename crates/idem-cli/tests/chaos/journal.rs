@@ -12,7 +12,7 @@ use idem_store::fault_relay::Fault;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::schedule::Relays;
+use crate::chaos::schedule::Relays;
 
 /// How an attempt was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

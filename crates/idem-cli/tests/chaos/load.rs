@@ -19,8 +19,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::journal::{Attempt, Cut, Journal, Process, Via};
-use crate::settings::Settings;
+use crate::chaos::journal::{Attempt, Cut, Journal, Process, Via};
+use crate::chaos::settings::Settings;
 
 /// The chance that a copy is sent again a little after it got its `201` (a client that lost
 /// the answer, or a user pressing "pay" twice): it must replay.

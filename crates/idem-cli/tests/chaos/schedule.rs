@@ -15,9 +15,9 @@ use rand::{Rng, SeedableRng};
 use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
 
-use crate::journal::{Attempt, Via, tally};
-use crate::load::{Load, Route, sub_seed};
-use crate::processes::{Cluster, Idem, Proxy, Serve};
+use crate::chaos::journal::{Attempt, Via, tally};
+use crate::chaos::load::{Load, Route, sub_seed};
+use crate::common::processes::{Cluster, Idem, Proxy, Serve};
 
 /// A session idle inside a transaction for longer than this, seen during the run, is a leak: a
 /// request's transaction is idle only between its own statements, for milliseconds.

@@ -3,6 +3,9 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod payments;
+pub mod processes;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::processes::Serve;
+use super::processes::Serve;
 
 /// One answer (or the lack of one) as a client saw it.
 #[derive(Debug, Clone)]

@@ -34,14 +34,13 @@
 //! printed at the end (`--nocapture` shows them), with the request rate: a run of N requests
 //! takes about N / rate seconds of `IDEM_CHAOS_SECS`.
 
-#[path = "../common/processes.rs"]
-mod processes;
+use crate::common::processes;
 
-mod checks;
-mod journal;
-mod load;
-mod schedule;
-mod settings;
+pub(crate) mod checks;
+pub(crate) mod journal;
+pub(crate) mod load;
+pub(crate) mod schedule;
+pub(crate) mod settings;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
