@@ -70,6 +70,12 @@
 //! | list stale | `AdminStore::list` (`in_progress`, `lease_expired_by: now`) | the record if in progress with `lease_until <= now` | `admin_lists_purges_and_force_completes` |
 //! | begin_claim, commit_response, rollback | `TransactionalStore` | the claim as above under a row lock (a second transaction waits, or gets `409` when its wait runs out); the row, key and response commit in one step | `transaction_mode_commits_or_rolls_back`, `transaction_wait_is_bounded`, `transaction_mode_replaces_an_expired_record` |
 //!
+//! The stores repeat `decide`'s rule of what a claim may replace and a sweep may delete in
+//! their own statements (SQL, the Redis scripts and TTLs); the model follows `decide`. No
+//! conformance test pins yet that an in-progress record whose lease ran out and whose
+//! retention passed is neither claimed afresh nor swept: until one does, a store can disagree
+//! with the model there.
+//!
 //! Tokens are numbered in claim order in the model (the store only compares them for
 //! equality; the order is the fencing property's ghost).
 //!
