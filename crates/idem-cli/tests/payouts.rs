@@ -415,6 +415,43 @@ async fn a_provider_that_is_down_releases_the_key_and_a_decline_is_stored() {
     assert_eq!(psp.charges().await, 0);
 }
 
+/// A key reused, after its retention, for a different payout is a new payout: the provider is
+/// called under another key (its downstream key covers the request, not only the scope), so
+/// the new payout is made rather than answered with the old one's charge. Found by the model
+/// checker (crates/idem-model, `key-reuse-after-retention`): with the provider's key derived
+/// from the scope alone, the call met the old charge's key with another body (the provider's
+/// `422`), the outcome was unknown, and the reconciler completed the new payout with the old
+/// charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_reused_after_its_retention_for_another_payout_pays_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (psp, psp_url) = start_psp().await;
+    let served = serve(
+        &dir.path().join("idem.db"),
+        &psp_url,
+        &["--retention-secs", "1"],
+    );
+    let first = send(payout(&served.url, "reused-key-01")).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    let other = || {
+        payout(&served.url, "reused-key-01").body(r#"{"amount": 4000, "currency": "EUR"}"#)
+    };
+    // Until the first payout's retention ends, the other body under its key is a mismatch.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let second = loop {
+        let answer = send(other()).await;
+        if answer.status != 422 || Instant::now() > deadline {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(second.status, 201, "{:?}", second.body);
+    assert!(!second.replayed());
+    assert_eq!(second.body["amount"], 4000, "the new payout, not the old charge");
+    assert_ne!(second.body["id"], first.body["id"]);
+    assert_eq!(psp.charges().await, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_concurrent_invoice_requests_with_200_keys_issue_1_to_200_once_each() {
     let server = TestServer::start().await;

@@ -60,5 +60,5 @@ pub use key::{IdempotencyKey, KeyError, KeyLimits};
 pub use policy::{Policy, PublishedPolicy};
 pub use problem::{ErrorDialect, Problem, ProblemKind};
 pub use record::{Decision, FencingToken, Record, RecordState, StoredResponse, decide};
-pub use scope::{AccountId, Scope};
+pub use scope::{AccountId, DownstreamKey, Scope};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

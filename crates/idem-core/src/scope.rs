@@ -60,3 +60,60 @@ impl Scope {
         hex::encode(&hash.finalize()[..6])
     }
 }
+
+/// The key to pass to a downstream service (a payment provider, an upstream API) for the work
+/// of one request, so that the downstream can dedupe too (docs/contract.md §3.2).
+///
+/// Derived from the scope and the request's fingerprint: the same for every retry and every
+/// takeover of the request, so a downstream that dedupes by it acts once; different for
+/// another account's request, and for a different request that reuses the key after its
+/// retention, so that one is never answered with the other's effect. Not the client's key
+/// itself, which the downstream would then share among all of a service's accounts.
+///
+/// ```
+/// use idem_core::*;
+/// let scope = Scope::new(AccountId::new("acct_1"), IdempotencyKey::new("order-0001", KeyLimits::default())?);
+/// let fingerprint = |body: &[u8]| Fingerprint::compute(&RequestParts {
+///     account: "acct_1", method: "POST", route: "/payouts", query: "",
+///     content_type: "application/json", body,
+/// });
+/// let first = DownstreamKey::new(&scope, &fingerprint(br#"{"amount":100}"#)?);
+/// assert_eq!(first, DownstreamKey::new(&scope, &fingerprint(br#"{ "amount": 100 }"#)?));
+/// assert_ne!(first, DownstreamKey::new(&scope, &fingerprint(br#"{"amount":200}"#)?));
+/// assert!(first.as_str().starts_with("idem-"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DownstreamKey(String);
+
+impl DownstreamKey {
+    /// The downstream key of the request with `fingerprint` under `scope`.
+    pub fn new(scope: &Scope, fingerprint: &crate::Fingerprint) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        hash.update(b"idem-downstream\0");
+        hash.update(scope.account.as_str().as_bytes());
+        hash.update([0]);
+        hash.update(scope.key.as_str().as_bytes());
+        hash.update([0]);
+        hash.update(fingerprint.as_bytes());
+        Self(format!("idem-{}", hex::encode(&hash.finalize()[..20])))
+    }
+
+    /// The downstream key of the request that claimed `record`: what a reconciler asks the
+    /// downstream about.
+    pub fn of(record: &crate::Record) -> Self {
+        Self::new(&record.scope, &record.fingerprint)
+    }
+
+    /// The key, 45 characters of visible ASCII (`idem-` and 40 hex digits).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for DownstreamKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}

@@ -7,7 +7,9 @@
 //! it answered. Refusals are RFC 9457 problem-details responses with stable `type`s.
 //!
 //! The handler finds the request's [`idem_core::Scope`] (account and key) among the request
-//! extensions.
+//! extensions; in lease mode also the [`idem_core::DownstreamKey`] to pass to the system it
+//! calls (axum: `Extension<DownstreamKey>`), the same for every retry and takeover of the
+//! request, so a downstream that dedupes by it acts once.
 //!
 //! Responses come back as [`ResponseBody`]: the handler's own body, streamed, for requests the
 //! layer does not guard and for a response larger than the storage cap

@@ -262,6 +262,9 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         ResBody::Error: fmt::Display,
     {
         request.extensions_mut().insert(claim.scope().clone());
+        // What the work passes downstream so the downstream can dedupe too (§3.2).
+        let downstream = idem_core::DownstreamKey::new(claim.scope(), claim.fingerprint());
+        request.extensions_mut().insert(downstream);
         claim.new_claim.take_over_expired_lease = self.take_over;
         if let ControlFlow::Break(answer) = self.claim_or_wait(&mut claim).await {
             return Ok(answer);

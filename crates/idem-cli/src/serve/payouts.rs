@@ -17,7 +17,7 @@ use axum::body::Bytes;
 use axum::extract::{Extension, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use idem_core::{Clock, Scope, StoredResponse};
+use idem_core::{Clock, DownstreamKey, StoredResponse};
 use idem_store::RecordFilter;
 use idem_tower::Outcome;
 use serde::Serialize;
@@ -61,7 +61,7 @@ fn with_outcome(mut response: Response, outcome: Outcome) -> Response {
 /// `POST /payouts` `{"amount": 100, "currency": "EUR"}`.
 pub(crate) async fn create<B: Backend>(
     State(app): State<App<B>>,
-    Extension(scope): Extension<Scope>,
+    Extension(key): Extension<DownstreamKey>,
     body: Bytes,
 ) -> Response {
     let request = match parse_request(&body) {
@@ -71,7 +71,7 @@ pub(crate) async fn create<B: Backend>(
     app.provider.pause_at(PausePoint::BeforeProvider).await;
     let call = app
         .provider
-        .charge(&scope, request.amount, &request.currency)
+        .charge(&key, request.amount, &request.currency)
         .await;
     let answer = match call {
         Ok(answer) => answer,
@@ -229,7 +229,7 @@ async fn reconcile_one<B: Backend>(
     let idem_core::RecordState::InProgress { token, .. } = record.state else {
         return Reconciled::Unknown;
     };
-    let answer = match provider.lookup(&record.scope).await {
+    let answer = match provider.lookup(&DownstreamKey::of(record)).await {
         Ok(answer) => answer,
         Err(e) => {
             tracing::warn!(error = %e, "cannot ask the provider; the outcome stays unknown");

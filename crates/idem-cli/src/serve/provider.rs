@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use idem_core::Scope;
+use idem_core::DownstreamKey;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 /// Where a test may freeze a payout, to kill the process at that point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -47,24 +46,25 @@ impl Provider {
         }
     }
 
-    /// `POST /charges` for the payout of `scope`, under the key derived from it.
+    /// `POST /charges` under `key`, the payout request's [`DownstreamKey`]: the provider
+    /// charges once per key.
     pub(crate) async fn charge(
         &self,
-        scope: &Scope,
+        key: &DownstreamKey,
         amount: i64,
         currency: &str,
     ) -> reqwest::Result<reqwest::Response> {
         self.http
             .post(format!("{}/charges", self.url))
-            .header("idempotency-key", provider_key(scope))
+            .header("idempotency-key", key.as_str())
             .json(&serde_json::json!({"amount": amount, "currency": currency}))
             .send()
             .await
     }
 
-    /// `GET /charges/{key}`: what the provider did for the payout of `scope`.
-    pub(crate) async fn lookup(&self, scope: &Scope) -> reqwest::Result<reqwest::Response> {
-        let url = format!("{}/charges/{}", self.url, provider_key(scope));
+    /// `GET /charges/{key}`: what the provider did for the payout whose key is `key`.
+    pub(crate) async fn lookup(&self, key: &DownstreamKey) -> reqwest::Result<reqwest::Response> {
+        let url = format!("{}/charges/{key}", self.url);
         self.http.get(url).send().await
     }
 
@@ -75,15 +75,4 @@ impl Provider {
             std::future::pending::<()>().await;
         }
     }
-}
-
-/// The key the provider sees: derived from ours, so it is stable across retries and takeovers,
-/// and scoped to the account.
-fn provider_key(scope: &Scope) -> String {
-    let mut hash = Sha256::new();
-    hash.update(b"idem-payout\0");
-    hash.update(scope.account.as_str().as_bytes());
-    hash.update([0]);
-    hash.update(scope.key.as_str().as_bytes());
-    format!("idem-{}", hex::encode(&hash.finalize()[..20]))
 }
