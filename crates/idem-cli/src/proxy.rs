@@ -407,7 +407,10 @@ fn admin_router<St: Store>(store: St) -> axum::Router {
                         idem_core::IdempotencyKey::new("healthz-probe", Default::default())
                             .expect("a valid key"),
                     );
-                    match store.get(&probe).await {
+                    match store
+                        .get(&probe, idem_core::Clock::now(&idem_core::SystemClock))
+                        .await
+                    {
                         Ok(_) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
                         Err(e) => (
                             http::StatusCode::SERVICE_UNAVAILABLE,

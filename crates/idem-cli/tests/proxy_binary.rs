@@ -324,7 +324,7 @@ async fn the_proxy_sweeps_expired_keys_on_sqlite() {
     };
     assert!(
         store
-            .complete(&scope, FencingToken(1), &done)
+            .complete(&scope, FencingToken(1), &done, long_ago)
             .await
             .unwrap()
     );
@@ -336,7 +336,7 @@ async fn the_proxy_sweeps_expired_keys_on_sqlite() {
         "the proxy swept at start (it logs each sweep that deleted keys)"
     );
     assert_eq!(
-        store.get(&scope).await.unwrap(),
+        store.get(&scope, long_ago).await.unwrap(),
         None,
         "the expired record is gone"
     );

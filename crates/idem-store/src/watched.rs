@@ -45,9 +45,9 @@ impl<S: Store> WatchedStore<S> {
 }
 
 impl<S: Store> Store for WatchedStore<S> {
-    async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
+    async fn get(&self, scope: &Scope, now: Timestamp) -> Result<Option<Record>> {
         self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.get(scope).await
+        self.inner.get(scope, now).await
     }
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
@@ -66,6 +66,7 @@ impl<S: Store> Store for WatchedStore<S> {
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
+        now: Timestamp,
     ) -> Result<bool> {
         let fail = self
             .failing_completes
@@ -75,16 +76,17 @@ impl<S: Store> Store for WatchedStore<S> {
             let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
             return Err(Error::Unavailable(Box::new(refused)));
         }
-        self.inner.complete(scope, token, response).await
+        self.inner.complete(scope, token, response, now).await
     }
 
     async fn renew(
         &self,
         scope: &Scope,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
+        now: Timestamp,
     ) -> Result<bool> {
-        self.inner.renew(scope, token, lease_until).await
+        self.inner.renew(scope, token, lease, now).await
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {

@@ -681,7 +681,10 @@ async fn replay_read<St: Store, B: From<Bytes>>(
     fingerprint: &Fingerprint,
     now: Timestamp,
 ) -> Result<(), Response<B>> {
-    let existing = store.get(scope).await.map_err(|e| store_unavailable(&e))?;
+    let existing = store
+        .get(scope, now)
+        .await
+        .map_err(|e| store_unavailable(&e))?;
     let decision = decide(existing.as_ref(), fingerprint, now);
     if let Decision::Replay(_) | Decision::Mismatch = decision
         && let Some(settled) = answer(&decision, scope, None)
