@@ -13,15 +13,18 @@ use crate::{
     ClaimOutcome, Error, NewClaim, OutcomeChannel, Result, Store, TransactionalStore, TxClaim,
 };
 
-/// `inner`, watched: each [`get`](Store::get) is counted in `reads`; each claim that finds
-/// its key in progress is reported on `in_progress_claims`, if set; the next
-/// `failing_completes` completions fail as an unreachable store's would.
+/// `inner`, watched: each [`get`](Store::get) is counted in `reads`, each
+/// [`sweep`](Store::sweep) in `sweeps`; each claim that finds its key in progress is reported
+/// on `in_progress_claims`, if set; the next `failing_completes` completions fail as an
+/// unreachable store's would.
 #[derive(Clone, Debug)]
 pub struct WatchedStore<S> {
     /// The store every call goes to.
     pub inner: S,
     /// How many reads were made.
     pub reads: Arc<AtomicUsize>,
+    /// How many sweeps were made.
+    pub sweeps: Arc<AtomicUsize>,
     /// How many of the next completions fail with [`Error::Unavailable`].
     pub failing_completes: Arc<AtomicUsize>,
     /// Told once for each claim that found its key held by another request.
@@ -37,6 +40,7 @@ impl<S: Store> WatchedStore<S> {
         Self {
             inner,
             reads: Arc::default(),
+            sweeps: Arc::default(),
             failing_completes: Arc::default(),
             in_progress_claims: None,
             claims_like_reads: None,
@@ -94,6 +98,7 @@ impl<S: Store> Store for WatchedStore<S> {
     }
 
     async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
+        self.sweeps.fetch_add(1, Ordering::SeqCst);
         self.inner.sweep(now, batch).await
     }
 

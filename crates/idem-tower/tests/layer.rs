@@ -928,3 +928,74 @@ async fn past_its_retention_an_unknown_outcome_is_still_no_new_key() {
     app.answered("unknown-key-new", 502).await;
     assert_eq!(app.calls(), 2, "taken over by the same request");
 }
+
+/// Housekeeping comes with the layer (docs/contract.md §12): with no code of the app's, a
+/// layer sweeps the records past their retention, from its first request on, once for all the
+/// routes it was cloned onto; `without_sweeper` leaves them. Two apps side by side on stores of
+/// their own: once the sweeping one has deleted its record and swept a few times more, the
+/// other has had as long, and has swept nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_sweeps_expired_records_unless_told_not_to() {
+    let clock = ManualClock::new(Timestamp(1_800_000_000_000));
+    let policy = Policy {
+        retention: Duration::from_secs(3600),
+        ..Policy::default()
+    };
+    let (sweeping_store, _sweeping_dir) = sqlite_store().await;
+    let (idle_store, _idle_dir) = sqlite_store().await;
+    let (sweeping_store, idle_store) = (
+        WatchedStore::new(sweeping_store),
+        WatchedStore::new(idle_store),
+    );
+    let app = |layer| {
+        let made = || async { (StatusCode::CREATED, "made") };
+        Router::new()
+            .route("/work", routing::post(made))
+            .route("/other", routing::post(made))
+            .layer(layer)
+    };
+    let sweeping = serve(app(IdempotencyLayer::leased(sweeping_store.clone())
+        .with_policy(policy.clone())
+        .with_clock(clock.clone())
+        .with_sweep_every(Duration::from_millis(50))))
+    .await;
+    let idle = serve(app(IdempotencyLayer::leased(idle_store.clone())
+        .with_policy(policy)
+        .with_clock(clock.clone())
+        .without_sweeper()))
+    .await;
+    let client = reqwest::Client::new();
+    for url in [&sweeping, &idle] {
+        let made = post(&client, url, Some("swept-key-0001"), "{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(made.status(), 201);
+    }
+    let scope = anonymous_scope(b"swept-key-0001");
+    let record = |store: &WatchedStore<SqliteStore>| {
+        let (store, scope, now) = (store.inner.clone(), scope.clone(), clock.now());
+        async move { idem_store::Store::get(&store, &scope, now).await.unwrap() }
+    };
+    assert!(record(&sweeping_store).await.is_some());
+
+    clock.advance(Duration::from_secs(2 * 3600));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while record(&sweeping_store).await.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "never swept");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sweeps = sweeping_store.sweeps.load(Ordering::SeqCst);
+    while sweeping_store.sweeps.load(Ordering::SeqCst) < sweeps + 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sweeper stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(idle_store.sweeps.load(Ordering::SeqCst), 0);
+    assert!(
+        record(&idle_store).await.is_some(),
+        "swept without a sweeper"
+    );
+}
