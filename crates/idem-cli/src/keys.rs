@@ -60,7 +60,8 @@ pub enum KeysAction {
         /// The key.
         key: String,
     },
-    /// Complete an in-progress key with a known outcome, which its retries then replay.
+    /// Complete an in-progress key with a known outcome, which its retries then replay; it is
+    /// kept for the retention from now.
     Complete {
         /// The account.
         account: String,
@@ -142,7 +143,7 @@ async fn act<S: AdminStore>(store: &S, action: KeysAction) -> anyhow::Result<Exi
             key,
             status,
             body,
-        } => complete(store, &account, &key, status, body).await,
+        } => complete(store, &account, &key, status, body, now).await,
     }
 }
 
@@ -152,7 +153,7 @@ async fn list<S: AdminStore>(
     filter: &RecordFilter,
     now: Timestamp,
 ) -> anyhow::Result<ExitCode> {
-    let records = store.list(filter).await?;
+    let records = store.list(filter, now).await?;
     println!(
         "{:<20} {:<KEY_COLUMN$} {:<12} {:>8} {:<14} {:<16} OUTCOME",
         "ACCOUNT", "KEY", "STATE", "AGE", "LEASE", "FINGERPRINT"
@@ -189,7 +190,7 @@ async fn show<S: AdminStore>(
     now: Timestamp,
 ) -> anyhow::Result<ExitCode> {
     let scope = scope(account, key)?;
-    let Some(record) = store.get(&scope).await? else {
+    let Some(record) = store.get(&scope, now).await? else {
         eprintln!("no record for key {key:?} of account {account:?}");
         return Ok(ExitCode::from(1));
     };
@@ -198,7 +199,11 @@ async fn show<S: AdminStore>(
     println!("key          {}", record.scope.key.as_str());
     println!("state        {state}");
     println!("age          {}", age(record.created_at, now));
-    println!("expires in   {}", age(now, record.expires_at));
+    match record.state {
+        // An unknown outcome is kept until it is resolved; its retention counts from then.
+        RecordState::InProgress { .. } => println!("expires in   never while in progress"),
+        RecordState::Completed(_) => println!("expires in   {}", age(now, record.expires_at)),
+    }
     println!("lease        {lease}");
     println!("fingerprint  {}", record.fingerprint);
     println!("outcome      {outcome}");
@@ -237,6 +242,7 @@ async fn complete<S: AdminStore>(
     key: &str,
     status: u16,
     body: String,
+    now: Timestamp,
 ) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         (100..600).contains(&status),
@@ -253,7 +259,7 @@ async fn complete<S: AdminStore>(
         body_omitted: false,
     };
     if store
-        .force_complete(&scope(account, key)?, &response)
+        .force_complete(&scope(account, key)?, &response, now)
         .await?
     {
         println!("completed key {key:?} of account {account:?} with {status}");

@@ -24,7 +24,6 @@ mod runtime;
 pub mod serve;
 pub mod simulate;
 pub mod store_url;
-mod sweeper;
 pub mod tls_args;
 pub mod worker;
 

@@ -367,8 +367,14 @@ async fn run_on<St: OutcomeChannel>(
     let admin_routes = admin_router(store.clone());
     let head_timeout = config.head_timeout;
     let tls = config.tls.clone();
-    // Redis expires its records itself too; SQLite and PostgreSQL rely on this alone.
-    let sweeper = crate::sweeper::spawn(store.clone(), config.clock.clone(), crate::sweeper::EVERY);
+    // The sweeper, from the start rather than the first request as the gateway's routes
+    // would (Redis also expires completed records itself).
+    let sweeper = idem_tower::spawn_sweeper(
+        store.clone(),
+        config.clock.clone(),
+        idem_tower::DEFAULT_SWEEP_EVERY,
+    );
+    config.sweep_every = None;
     let gateway = idem_gateway::router(store, config);
     let app = match admin {
         Some(admin) => {
@@ -407,7 +413,7 @@ fn admin_router<St: Store>(store: St) -> axum::Router {
                         idem_core::IdempotencyKey::new("healthz-probe", Default::default())
                             .expect("a valid key"),
                     );
-                    match store.get(&probe).await {
+                    match store.get(&probe, idem_core::Clock::now(&idem_core::SystemClock)).await {
                         Ok(_) => axum::Json(serde_json::json!({"status": "ok"})).into_response(),
                         Err(e) => (
                             http::StatusCode::SERVICE_UNAVAILABLE,

@@ -322,7 +322,7 @@ async fn the_proxy_sweeps_expired_keys_on_sqlite() {
     };
     assert!(
         store
-            .complete(&scope, FencingToken(1), &done)
+            .complete(&scope, FencingToken(1), &done, long_ago)
             .await
             .unwrap()
     );
@@ -334,8 +334,203 @@ async fn the_proxy_sweeps_expired_keys_on_sqlite() {
         "the proxy swept at start (it logs each sweep that deleted keys)"
     );
     assert_eq!(
-        store.get(&scope).await.unwrap(),
+        store.get(&scope, long_ago).await.unwrap(),
         None,
         "the expired record is gone"
     );
+}
+
+/// libfaketime from Debian's `faketime` package, the thread-safe build (the proxy runs many
+/// threads), preloaded into a child so that its clock runs ahead (`FAKETIME=+120s`).
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// Deletes a test's keys from the shared Redis when dropped, pass or fail.
+struct RedisPrefix(String);
+
+impl Drop for RedisPrefix {
+    fn drop(&mut self) {
+        let _ = Command::new("redis-cli")
+            .args([
+                "EVAL",
+                "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
+                "0",
+                &format!("{}:*", self.0),
+            ])
+            .output();
+    }
+}
+
+/// An upstream that holds each `POST /orders` for `hold` before it answers `201`, counts the
+/// calls per `Idempotency-Key`, and tells of each call's arrival.
+struct HeldUpstream {
+    url: String,
+    calls: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    arrivals: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+async fn start_held_upstream(hold: std::time::Duration) -> HeldUpstream {
+    use std::sync::{Arc, Mutex};
+    let calls: Arc<Mutex<std::collections::HashMap<String, usize>>> = Arc::default();
+    let (arrived, arrivals) = tokio::sync::mpsc::unbounded_channel();
+    let counted = calls.clone();
+    let app = axum::Router::new().route(
+        "/orders",
+        axum::routing::post(move |headers: axum::http::HeaderMap| {
+            let (calls, arrived) = (counted.clone(), arrived.clone());
+            async move {
+                let key = headers
+                    .get("idempotency-key")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                // A std Mutex: no await while it is held.
+                *calls.lock().unwrap().entry(key.clone()).or_default() += 1;
+                let _ = arrived.send(key.clone());
+                tokio::time::sleep(hold).await;
+                (axum::http::StatusCode::CREATED, format!("order for {key}"))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    HeldUpstream {
+        url,
+        calls,
+        arrivals,
+    }
+}
+
+/// The time a proxy's `Date` header says, in seconds since the epoch: its clock, as it sees it.
+async fn proxy_clock(client: &reqwest::Client, url: &str) -> i64 {
+    let answer = client.get(format!("{url}/healthz")).send().await.unwrap();
+    let date = answer.headers()["date"].to_str().unwrap().to_owned();
+    let parsed = Command::new("date")
+        .args(["-u", "-d", &date, "+%s"])
+        .output()
+        .expect("date(1)");
+    String::from_utf8(parsed.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// One clock, the store's (docs/contract.md §12): two `idem proxy` processes on one Redis with
+/// one secret, the second's clock minutes ahead under libfaketime (a VM resumed from a pause, a
+/// broken NTP). Requests held 5 s by the upstream at the first proxy, and their duplicates sent
+/// to the second once the originals have reached the upstream: each key reaches the upstream
+/// once, the duplicates are told `409`, and the second proxy replays the outcomes. (Judged by
+/// each proxy's own clock, the second took the live claims over: 2 calls per key.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_whose_clock_is_minutes_ahead_takes_no_live_claim_over() {
+    idem_testkit::require(idem_testkit::Service::Redis);
+    assert!(
+        std::path::Path::new(LIBFAKETIME).exists(),
+        "this test runs a proxy under libfaketime: apt-get install -y faketime"
+    );
+    let mut upstream = start_held_upstream(std::time::Duration::from_secs(5)).await;
+    let prefix = RedisPrefix(format!("idem-skew-{}", uuid::Uuid::new_v4().simple()));
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--store",
+        "redis://127.0.0.1:6379/0",
+        "--redis-prefix",
+        &prefix.0,
+        "--secret",
+        "skew-test-secret-of-32-bytes-long",
+    ];
+    let client = reqwest::Client::new();
+    let mut counts = Vec::new();
+    for skew in [120, 300] {
+        let first = start_proxy(dir.path(), &upstream.url, &args);
+        let ahead = Spawned::spawn(
+            Command::new(env!("CARGO_BIN_EXE_idem"))
+                .args([
+                    "proxy",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--upstream",
+                    &upstream.url,
+                ])
+                .args(args)
+                .env("LD_PRELOAD", LIBFAKETIME)
+                .env("FAKETIME", format!("+{skew}s"))
+                // Only the wall clock: Tokio's timers run on the monotonic one.
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                .current_dir(dir.path()),
+        );
+        let seen = proxy_clock(&client, &ahead.url).await - proxy_clock(&client, &first.url).await;
+        assert!(
+            (seen - skew).abs() <= 2,
+            "the second proxy's clock is {seen} s ahead, not {skew} s: libfaketime did not take"
+        );
+
+        let keys: Vec<String> = (0..3).map(|i| format!("skew-{skew}-order-{i}")).collect();
+        let originals: Vec<_> = keys
+            .iter()
+            .map(|key| {
+                let (client, url, key) = (client.clone(), first.url.clone(), key.clone());
+                tokio::spawn(async move {
+                    let orders = format!("{url}/orders");
+                    send_as_client(&client, reqwest::Method::POST, &orders, Some(&key)).await
+                })
+            })
+            .collect();
+        for _ in &keys {
+            let arrived =
+                tokio::time::timeout(std::time::Duration::from_secs(30), upstream.arrivals.recv())
+                    .await
+                    .expect("the originals reach the upstream");
+            assert!(arrived.is_some());
+        }
+        // All at once, while the upstream still holds every original.
+        let orders = format!("{}/orders", ahead.url);
+        let duplicates: Vec<u16> = futures_util::future::join_all(keys.iter().map(|key| {
+            let (client, orders) = (&client, &orders);
+            async move {
+                let duplicate =
+                    send_as_client(client, reqwest::Method::POST, orders, Some(key)).await;
+                duplicate.status().as_u16()
+            }
+        }))
+        .await;
+        for original in originals {
+            assert_eq!(original.await.unwrap().status(), 201);
+        }
+        let mut replays = Vec::new();
+        for key in &keys {
+            let replay = send_as_client(&client, reqwest::Method::POST, &orders, Some(key)).await;
+            replays.push((
+                replay.status().as_u16(),
+                replay.headers().contains_key("idempotent-replayed"),
+            ));
+        }
+        let calls = upstream.calls.lock().unwrap().clone();
+        let per_key: Vec<usize> = keys
+            .iter()
+            .map(|k| calls.get(k).copied().unwrap_or(0))
+            .collect();
+        println!(
+            "{skew} s of skew: upstream calls per key {per_key:?}, duplicates answered {duplicates:?}"
+        );
+        counts.push((skew, per_key, duplicates, replays));
+    }
+    for (skew, per_key, duplicates, replays) in counts {
+        assert_eq!(
+            per_key,
+            [1, 1, 1],
+            "upstream calls per key with {skew} s of skew"
+        );
+        assert_eq!(
+            duplicates,
+            [409, 409, 409],
+            "the duplicates with {skew} s of skew"
+        );
+        assert_eq!(
+            replays,
+            [(201, true); 3],
+            "the replays with {skew} s of skew"
+        );
+    }
 }

@@ -10,6 +10,12 @@
 //!     └──────────────────────────── sweeper deletes ◀───────────────┘
 //! ```
 //!
+//! Only a completed record expires. An in-progress record whose lease ran out holds an outcome
+//! nobody knows (the work may have happened): it stays until it is completed (late, or by a
+//! reconciler or an operator), released, or taken over by the same request where takeover is
+//! allowed, never handed to a fresh claim because its retention passed. Retention counts from
+//! the outcome: a completion moves `expires_at` to the completion time plus the retention.
+//!
 //! In transaction mode the `InProgress` row never commits: other transactions see no row, or a
 //! `Completed` one.
 
@@ -60,7 +66,9 @@ pub struct Record {
     pub state: RecordState,
     /// When it was claimed.
     pub created_at: Timestamp,
-    /// When the key may be used afresh (created_at + retention).
+    /// When the key may be used afresh, once completed: the claim's time plus the retention,
+    /// moved to the completion time plus the retention when the outcome is stored. An
+    /// in-progress record never expires.
     pub expires_at: Timestamp,
 }
 
@@ -69,7 +77,7 @@ pub struct Record {
 pub enum Decision<'a> {
     /// No record: claim the key and do the work.
     Fresh,
-    /// A record past its retention: the key is new again.
+    /// A completed record past its retention: the key is new again.
     Expired,
     /// The same request finished before: answer with its response.
     Replay(&'a StoredResponse),
@@ -97,8 +105,10 @@ impl Decision<'_> {
 
 /// The decision for a request with `fingerprint` at `now`, given the record its scope names.
 ///
-/// Expiry comes first (an expired key is new whatever it held), then the fingerprint (a
-/// different request is a mismatch even while the original runs), then the state.
+/// Expiry comes first (a completed record past its retention is new whatever it held), then
+/// the fingerprint (a different request is a mismatch even while the original runs), then the
+/// state. An in-progress record never expires, however old: its outcome is unknown until it is
+/// resolved, and a fresh claim could run the work a second time.
 ///
 /// ```
 /// use idem_core::{decide, Decision, Fingerprint, RequestParts};
@@ -116,9 +126,7 @@ pub fn decide<'a>(
     let Some(record) = existing else {
         return Decision::Fresh;
     };
-    let live_lease =
-        matches!(record.state, RecordState::InProgress { lease_until, .. } if lease_until > now);
-    if record.expires_at <= now && !live_lease {
+    if matches!(record.state, RecordState::Completed(_)) && record.expires_at <= now {
         return Decision::Expired;
     }
     if record.fingerprint != *fingerprint {
@@ -225,5 +233,21 @@ mod tests {
             decide(Some(&r), &fp("1"), Timestamp(150_000)),
             Decision::InFlight { .. }
         ));
+    }
+
+    #[test]
+    fn an_unknown_outcome_never_expires() {
+        // Its lease ran out long ago and its retention too: the work may have happened, so
+        // the same request learns that the outcome is unknown and any other is a mismatch.
+        let r = record(running(2_500));
+        let much_later = Timestamp(100_000_000);
+        assert_eq!(
+            decide(Some(&r), &fp("1"), much_later),
+            Decision::LeaseExpired {
+                token: FencingToken(7)
+            }
+        );
+        assert_eq!(decide(Some(&r), &fp("2"), much_later), Decision::Mismatch);
+        assert!(!decide(Some(&r), &fp("2"), much_later).allows_claim());
     }
 }

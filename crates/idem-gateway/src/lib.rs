@@ -144,6 +144,11 @@ pub struct GatewayConfig {
     /// Paths with rules of their own, tried in order; a request that matches none gets the
     /// rules above (default: none, one set of rules for every path).
     pub routes: Vec<Route>,
+    /// How often the routes delete expired records from the store, one sweeper for them all
+    /// from the first request on (default: every minute, [`idem_tower::DEFAULT_SWEEP_EVERY`]);
+    /// `None` for a gateway whose store something else sweeps (`idem proxy` sweeps from its
+    /// start, with [`idem_tower::spawn_sweeper`]).
+    pub sweep_every: Option<Duration>,
 }
 
 impl GatewayConfig {
@@ -169,6 +174,7 @@ impl GatewayConfig {
             in_flight: InFlight::Refuse,
             outcome_signal: Default::default(),
             routes: Vec::new(),
+            sweep_every: Some(idem_tower::DEFAULT_SWEEP_EVERY),
         })
     }
 
@@ -239,8 +245,15 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
     // One signal for every route; the store's (`outcome_signal`) also wakes a duplicate
     // whose original runs in another gateway process.
     let signal = config.outcome_signal.clone();
+    // Every route's layer is a clone of this one, so that they share its sweeper: one for the
+    // store, however many routes.
+    let base = IdempotencyLayer::leased(store).with_clock(config.clock.clone());
+    let base = match config.sweep_every {
+        Some(every) => base.with_sweep_every(every),
+        None => base.without_sweeper(),
+    };
     let defaults = config.default_rules();
-    let fallback = route_service(&store, &config, &defaults, None, &upstream, &signal);
+    let fallback = route_service(&base, &config, &defaults, None, &upstream, &signal);
     let mut published = published_policy(&route_policy(&config, &defaults, None), &config);
     let services = if config.routes.is_empty() {
         fallback
@@ -256,7 +269,7 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
             .map(|route| {
                 let method = Some(route.pattern.method());
                 let service =
-                    route_service(&store, &config, &route.rules, method, &upstream, &signal);
+                    route_service(&base, &config, &route.rules, method, &upstream, &signal);
                 (route.pattern.clone(), service)
             })
             .collect();
@@ -315,7 +328,7 @@ fn route_policy(config: &GatewayConfig, rules: &RouteRules, method: Option<&Meth
 /// route's rules, which buffers a covered request's body and at most the storage cap of its
 /// answer (docs/contract.md §9).
 fn route_service<St: Store>(
-    store: &St,
+    base: &IdempotencyLayer<LeaseMode<St>>,
     config: &GatewayConfig,
     rules: &RouteRules,
     method: Option<&Method>,
@@ -328,11 +341,11 @@ fn route_service<St: Store>(
     let secret = config.secret.clone();
     let credential = config.credential_header.clone();
     let scope_headers = rules.scope_headers.clone();
-    let layer = IdempotencyLayer::leased(store.clone())
+    let layer = base
+        .clone()
         .with_policy(route_policy(config, rules, method))
         .with_policy_link(POLICY_PATH)
         .with_error_dialect(rules.errors)
-        .with_clock(config.clock.clone())
         .with_account(move |parts| Ok(scope_of(&secret, &credential, &scope_headers, parts)));
     let layer = match &rules.key_from {
         // The layer's own default keeps its messages naming `Idempotency-Key` as spelled.

@@ -290,19 +290,30 @@ fingerprint = { only = ["/amount"] }
     }
 }
 
+/// A route's short retention ends while the default's holds. Expiry is the store's to judge
+/// (docs/contract.md §12): on SQLite by the gateway's clock, moved here; on PostgreSQL and Redis
+/// by their own, which only real time moves, so the short retention is half a second and the
+/// test polls to a deadline until it has passed.
 async fn retention_is_per_route<St: Store>(store: St) {
     let routes = r#"
 retention = "1h"
 [[route]]
 match = "POST /short"
-retention = "1m"
+retention = "500ms"
 "#;
     let gw = start(store, routes).await;
     for path in ["/short", "/long"] {
         gw.post_keyed(path, "{}").await;
     }
     gw.clock.advance(Duration::from_secs(120));
-    assert!(!gw.post_keyed("/short", "{}").await.replayed());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while gw.post_keyed("/short", "{}").await.replayed() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the short retention never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(gw.post_keyed("/long", "{}").await.replayed());
     assert_eq!((gw.calls("/short"), gw.calls("/long")), (2, 1));
 }

@@ -2,17 +2,24 @@
 //!
 //! A backend's test file instantiates it with [`store_conformance!`](crate::store_conformance)
 //! (and [`transactional_conformance!`](crate::transactional_conformance) for transactional
-//! stores), giving a factory that makes a fresh, isolated store for each test (its own file,
-//! database or key prefix) plus a guard that cleans it up when dropped.
-//! Time is passed explicitly, so expiry and leases are tested without waiting.
+//! stores, [`shared_store_conformance!`](crate::shared_store_conformance) for stores that
+//! instances share), giving a factory that makes a fresh, isolated store for each test (its own
+//! file, database or key prefix) plus a guard that cleans it up when dropped.
+//!
+//! Time is the store's (see [One clock](crate#one-clock-the-stores)): a shared store's clock
+//! cannot be moved by a test, so a test that needs a lease or a retention to run out gives it a
+//! fraction of a second and waits for the store to say it has (polling, to a deadline), then
+//! checks that no less time passed. Tests in which time stands still pass a caller's clock years
+//! away from the store's, [`T0`], which a shared store must take in its stride.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idem_core::{
-    AccountId, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy, RecordState,
-    RequestParts, Scope, StoredResponse, Timestamp, decide,
+    AccountId, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy,
+    Record, RecordState, RequestParts, Scope, StoredResponse, SystemClock, Timestamp, decide,
 };
 
 use crate::{
@@ -20,7 +27,21 @@ use crate::{
     TxClaim, sweep_all, sweep_all_paced,
 };
 
+/// A caller's clock that stands still, years from the store's (2027).
 const T0: Timestamp = Timestamp(1_800_000_000_000);
+
+/// A lease or retention a test waits out: short, so the suite stays quick, and long enough
+/// that a store cannot pass it by accident in the steps between.
+const SHORT: Duration = Duration::from_millis(300);
+
+/// How long a test waits for a store to show what a [`SHORT`] time brings about, far past it
+/// on a loaded machine.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The caller's now, by the system's clock: the store's own on this machine.
+fn now() -> Timestamp {
+    SystemClock.now()
+}
 
 /// The scope of `key` in `account` (a test key: it must be valid).
 pub fn scope(account: &str, key: &str) -> Scope {
@@ -65,21 +86,115 @@ fn claim_at(scope: &Scope, fp: Fingerprint, token: i64, now: Timestamp) -> NewCl
     )
 }
 
+/// A claim at the caller's now with `lease` and `retention`.
+fn claim_for(
+    scope: &Scope,
+    fp: Fingerprint,
+    token: i64,
+    lease: Duration,
+    retention: Duration,
+) -> NewClaim {
+    let policy = Policy {
+        lease,
+        retention,
+        ..Policy::default()
+    };
+    NewClaim::new(scope.clone(), fp, FencingToken(token), now(), &policy)
+}
+
 /// Claims `key` for the request `fp` with `token` at `now`, and checks that the claim won.
 async fn claims<S: Store>(store: &S, key: &Scope, fp: Fingerprint, token: i64, now: Timestamp) {
+    claims_with(store, &claim_at(key, fp, token, now)).await;
+}
+
+/// Makes `claim`, and checks that it won.
+async fn claims_with<S: Store>(store: &S, claim: &NewClaim) {
     assert_eq!(
-        store.claim(&claim_at(key, fp, token, now)).await.unwrap(),
+        store.claim(claim).await.unwrap(),
         ClaimOutcome::Claimed,
-        "the claim of {key:?} with token {token} wins"
+        "the claim of {:?} with token {} wins",
+        claim.scope,
+        claim.token.0
     );
 }
 
-/// Whether the holder of `token` stored the response `body` for `key`.
+/// Whether the holder of `token` stored the response `body` for `key`, now.
 async fn completes<S: Store>(store: &S, key: &Scope, token: i64, body: &str) -> bool {
+    completes_at(store, key, token, body, now()).await
+}
+
+/// Whether the holder of `token` stored the response `body` for `key`, at the caller's `at`.
+async fn completes_at<S: Store>(
+    store: &S,
+    key: &Scope,
+    token: i64,
+    body: &str,
+    at: Timestamp,
+) -> bool {
     store
-        .complete(key, FencingToken(token), &response(body))
+        .complete(key, FencingToken(token), &response(body), at)
         .await
         .unwrap()
+}
+
+/// The record `claim` found, when the claim did not win.
+async fn found<S: Store>(store: &S, claim: &NewClaim) -> Record {
+    match store.claim(claim).await.unwrap() {
+        ClaimOutcome::Existing(record) => record,
+        ClaimOutcome::Claimed => panic!(
+            "the claim of {:?} with token {} won a key a record holds",
+            claim.scope, claim.token.0
+        ),
+    }
+}
+
+/// Polls `attempt` until it yields, failing after [`DEADLINE`] with `what` was awaited.
+async fn eventually<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    mut attempt: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(done) = attempt().await {
+            return done;
+        }
+        assert!(Instant::now() < deadline, "waited {DEADLINE:?} for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Checks that `a` and `b` are one record read twice: equal but for their times, which may
+/// differ by the time between the reads (a caller's clock that stands still sees a shared
+/// store's move).
+#[track_caller]
+fn same_record(a: &Record, b: &Record) {
+    let untimed = |r: &Record| {
+        let state = match &r.state {
+            RecordState::InProgress { token, .. } => RecordState::InProgress {
+                lease_until: Timestamp(0),
+                token: *token,
+            },
+            completed => completed.clone(),
+        };
+        (r.scope.clone(), r.fingerprint, state)
+    };
+    assert_eq!(untimed(a), untimed(b));
+    let near = |x: Timestamp, y: Timestamp| (x.0 - y.0).abs() < 10_000;
+    assert!(
+        near(a.created_at, b.created_at) && near(a.expires_at, b.expires_at),
+        "{a:?} and {b:?} are far apart"
+    );
+}
+
+/// Checks that `t` lies within a second of `expected`: a time a store handed back in the
+/// caller's frame, computed by the caller from its own now.
+#[track_caller]
+fn about(t: Timestamp, expected: Timestamp, what: &str) {
+    assert!(
+        (t.0 - expected.0).abs() <= 1_000,
+        "{what}: {t:?} is not about {expected:?} (off by {} ms)",
+        t.0 - expected.0
+    );
 }
 
 /// Checks that `result` is [`Error::Unavailable`], what the layer answers with `503`.
@@ -89,21 +204,6 @@ pub fn assert_unavailable<T: std::fmt::Debug>(result: Result<T>) {
         Err(Error::Unavailable(_)) => {}
         other => panic!("expected Unavailable, got {other:?}"),
     }
-}
-
-/// The sweeper's boundary, exact to the millisecond: a completed record expiring at E is kept
-/// by a sweep at E - 1 ms and deleted by one at E. Called by the tests of backends that store
-/// times in another form than the claim's milliseconds, on a store that holds nothing else.
-pub async fn sweep_boundary_is_exact<S: Store>(store: &S) {
-    let key = scope("acct_a", "boundary-key1");
-    let mut boundary = claim_at(&key, fingerprint("{}"), 1, Timestamp(1_800_000_000_123));
-    boundary.lease_until = Timestamp(1_800_000_000_124);
-    boundary.expires_at = Timestamp(1_800_000_000_457);
-    assert_eq!(store.claim(&boundary).await.unwrap(), ClaimOutcome::Claimed);
-    assert!(completes(store, &key, 1, "{}").await);
-    let (before, at) = (Timestamp(1_800_000_000_456), Timestamp(1_800_000_000_457));
-    assert_eq!(store.sweep(before, 10).await.unwrap(), 0);
-    assert_eq!(store.sweep(at, 10).await.unwrap(), 1);
 }
 
 /// 64 tasks claim one key at once: exactly one wins, every other sees its record.
@@ -142,15 +242,13 @@ pub async fn completed_record_replays<S: Store>(store: S) {
     claims(&store, &key, fp, 7, T0).await;
     let body = r#"{"id":"pay_1"}"#;
     let stored = response(body);
-    assert!(completes(&store, &key, 7, body).await);
-    let record = store.get(&key).await.unwrap().expect("record exists");
+    assert!(completes_at(&store, &key, 7, body, T0).await);
+    let record = store.get(&key, T0).await.unwrap().expect("record exists");
     assert_eq!(record.fingerprint, fp);
     assert_eq!(decide(Some(&record), &fp, T0), Decision::Replay(&stored));
     // A second claim does not disturb it.
-    match store.claim(&claim_at(&key, fp, 8, T0)).await.unwrap() {
-        ClaimOutcome::Existing(again) => assert_eq!(again, record),
-        other => panic!("expected the completed record, got {other:?}"),
-    }
+    let again = found(&store, &claim_at(&key, fp, 8, T0)).await;
+    same_record(&again, &record);
 }
 
 /// A different request with the same key is a mismatch and leaves the record untouched; the
@@ -160,14 +258,10 @@ pub async fn mismatch_leaves_record_untouched<S: Store>(store: S) {
     let fp = fingerprint(r#"{"amount":1}"#);
     let other = fingerprint(r#"{"amount":2}"#);
     claims(&store, &key, fp, 1, T0).await;
-    assert!(completes(&store, &key, 1, "{}").await);
-    match store.claim(&claim_at(&key, other, 2, T0)).await.unwrap() {
-        ClaimOutcome::Existing(record) => {
-            assert_eq!(decide(Some(&record), &other, T0), Decision::Mismatch)
-        }
-        ClaimOutcome::Claimed => panic!("a mismatched request claimed a completed key"),
-    }
-    let record = store.get(&key).await.unwrap().unwrap();
+    assert!(completes_at(&store, &key, 1, "{}", T0).await);
+    let record = found(&store, &claim_at(&key, other, 2, T0)).await;
+    assert_eq!(decide(Some(&record), &other, T0), Decision::Mismatch);
+    let record = store.get(&key, T0).await.unwrap().unwrap();
     assert_eq!(record.fingerprint, fp);
     assert_eq!(record.state, RecordState::Completed(response("{}")));
 
@@ -179,150 +273,339 @@ pub async fn fencing_token_guards_the_outcome<S: Store>(store: S) {
     let key = scope("acct_a", "fenced-key-01");
     let fp = fingerprint("{}");
     claims(&store, &key, fp, 10, T0).await;
-    assert!(!completes(&store, &key, 11, "x").await);
+    assert!(!completes_at(&store, &key, 11, "x", T0).await);
+    let lease = Duration::from_secs(60);
     assert!(
         !store
-            .renew(&key, FencingToken(11), T0.plus(Duration::from_secs(60)))
+            .renew(&key, FencingToken(11), lease, T0)
             .await
             .unwrap()
     );
     assert!(!store.release(&key, FencingToken(11)).await.unwrap());
     assert!(matches!(
-        store.get(&key).await.unwrap().unwrap().state,
+        store.get(&key, T0).await.unwrap().unwrap().state,
         RecordState::InProgress {
             token: FencingToken(10),
             ..
         }
     ));
-    assert!(completes(&store, &key, 10, "ok").await);
-    // A completed record can be neither completed again nor released.
-    assert!(!completes(&store, &key, 10, "again").await);
+    assert!(completes_at(&store, &key, 10, "ok", T0).await);
+    // A completed record can be neither completed again, renewed nor released.
+    assert!(!completes_at(&store, &key, 10, "again", T0).await);
+    assert!(
+        !store
+            .renew(&key, FencingToken(10), lease, T0)
+            .await
+            .unwrap()
+    );
     assert!(!store.release(&key, FencingToken(10)).await.unwrap());
 }
 
 /// A claim whose lease runs out can be taken over by the same request (with a new token), never
-/// by a different one; the old holder is then fenced out. Renewal keeps a lease alive.
+/// by a different one, and not before its lease has run; the old holder is then fenced out.
+/// Renewal keeps a lease alive.
 pub async fn lease_expiry_and_renewal<S: Store>(store: S) {
-    let key = scope("acct_a", "lease-key-001");
     let fp = fingerprint("{}");
-    let lease = Policy::default().lease;
-    claims(&store, &key, fp, 1, T0).await;
+    let other = fingerprint(r#"{"x":1}"#);
 
     // Within the lease: in flight.
-    let mid = T0.plus(lease / 2);
-    match store.claim(&claim_at(&key, fp, 2, mid)).await.unwrap() {
-        ClaimOutcome::Existing(r) => {
-            assert!(matches!(
-                decide(Some(&r), &fp, mid),
-                Decision::InFlight { .. }
-            ))
-        }
-        ClaimOutcome::Claimed => panic!("claimed a key under a live lease"),
+    let held = scope("acct_a", "lease-key-001");
+    claims(&store, &held, fp, 1, now()).await;
+    let at = now();
+    let running = found(&store, &claim_at(&held, fp, 2, at)).await;
+    match decide(Some(&running), &fp, at) {
+        Decision::InFlight { retry_after } => assert!(retry_after <= Policy::default().lease),
+        other => panic!("expected in flight, got {other:?}"),
     }
-    // Renewed at mid-lease: still in flight past the original lease.
+    let RecordState::InProgress { lease_until, .. } = running.state else {
+        panic!("in progress")
+    };
+    about(lease_until, at.plus(Policy::default().lease), "the lease");
+
+    // Renewed before its short lease ran out, a claim holds past it: once a twin claimed just
+    // after it has lost its lease, so has its first one.
+    let (renewed, twin) = (
+        scope("acct_a", "lease-key-002"),
+        scope("acct_a", "lease-key-003"),
+    );
+    claims_with(
+        &store,
+        &claim_for(&renewed, fp, 1, SHORT, Policy::default().retention),
+    )
+    .await;
+    claims_with(
+        &store,
+        &claim_for(&twin, fp, 1, SHORT, Policy::default().retention),
+    )
+    .await;
+    let lease = Duration::from_secs(30);
     assert!(
         store
-            .renew(&key, FencingToken(1), mid.plus(lease))
+            .renew(&renewed, FencingToken(1), lease, now())
             .await
             .unwrap()
     );
-    let past_original = T0.plus(lease + Duration::from_secs(1));
+    eventually("the twin's lease to run out", || async {
+        match store.claim(&claim_at(&twin, fp, 2, now())).await.unwrap() {
+            ClaimOutcome::Claimed => Some(()),
+            ClaimOutcome::Existing(_) => None,
+        }
+    })
+    .await;
+    let at = now();
+    let record = found(&store, &claim_at(&renewed, fp, 3, at)).await;
     assert!(matches!(
-        store
-            .claim(&claim_at(&key, fp, 3, past_original))
-            .await
-            .unwrap(),
-        ClaimOutcome::Existing(_)
+        decide(Some(&record), &fp, at),
+        Decision::InFlight { .. }
     ));
 
-    // After the renewed lease: a different request may not take over...
-    let after = mid.plus(lease + Duration::from_secs(1));
-    let other = fingerprint(r#"{"x":1}"#);
-    match store.claim(&claim_at(&key, other, 4, after)).await.unwrap() {
-        ClaimOutcome::Existing(r) => {
-            assert_eq!(decide(Some(&r), &other, after), Decision::Mismatch)
+    // A short lease: a different request never takes it over; the same one, not allowed to
+    // take over, learns the outcome is unknown once the lease has run out, and not before.
+    let stale = scope("acct_a", "lease-key-004");
+    let claimed = Instant::now();
+    claims_with(
+        &store,
+        &claim_for(&stale, fp, 1, SHORT, Policy::default().retention),
+    )
+    .await;
+    let token = eventually("the lease to run out", || async {
+        let at = now();
+        let mismatch = found(&store, &claim_at(&stale, other, 4, at)).await;
+        assert_eq!(decide(Some(&mismatch), &other, at), Decision::Mismatch);
+        let mut no_takeover = claim_at(&stale, fp, 5, at);
+        no_takeover.take_over_expired_lease = false;
+        let record = found(&store, &no_takeover).await;
+        match decide(Some(&record), &fp, at) {
+            Decision::InFlight { .. } => None,
+            Decision::LeaseExpired { token } => Some(token),
+            other => panic!("expected in flight or an expired lease, got {other:?}"),
         }
-        ClaimOutcome::Claimed => panic!("a different request took over a lease"),
-    }
-    // ... nor the same request when take-over is not allowed ...
-    let mut no_takeover = claim_at(&key, fp, 5, after);
-    no_takeover.take_over_expired_lease = false;
-    match store.claim(&no_takeover).await.unwrap() {
-        ClaimOutcome::Existing(r) => assert_eq!(
-            decide(Some(&r), &fp, after),
-            Decision::LeaseExpired {
-                token: FencingToken(1)
-            }
-        ),
-        ClaimOutcome::Claimed => panic!("took over although take-over was not allowed"),
-    }
-    // ... but the same request may, and the old holder is fenced out.
-    claims(&store, &key, fp, 6, after).await;
-    assert!(!completes(&store, &key, 1, "old").await);
-    assert!(completes(&store, &key, 6, "new").await);
+    })
+    .await;
+    assert_eq!(token, FencingToken(1));
+    assert!(
+        claimed.elapsed() >= SHORT,
+        "taken over before its lease ran out"
+    );
+    // ... but the same request may take it over, and the old holder is fenced out.
+    claims(&store, &stale, fp, 6, now()).await;
+    assert!(!completes(&store, &stale, 1, "old").await);
+    assert!(completes(&store, &stale, 6, "new").await);
 }
 
-/// A record past its retention is new again; a released key is new at once.
+/// A completed record past its retention is new again, and not before; a released key is new
+/// at once.
 pub async fn retention_and_release<S: Store>(store: S) {
-    let key = scope("acct_a", "retained-key1");
     let fp = fingerprint("{}");
-    let retention = Policy::default().retention;
-    claims(&store, &key, fp, 1, T0).await;
-    assert!(completes(&store, &key, 1, "first").await);
+    let kept = scope("acct_a", "retained-key1");
+    claims(&store, &kept, fp, 1, now()).await;
+    assert!(completes(&store, &kept, 1, "first").await);
+    let at = now();
+    let record = found(&store, &claim_at(&kept, fp, 2, at)).await;
+    assert!(matches!(decide(Some(&record), &fp, at), Decision::Replay(r) if r.body == b"first"));
+    about(
+        record.expires_at,
+        at.plus(Policy::default().retention),
+        "the expiry",
+    );
 
-    let before = T0.plus(retention - Duration::from_secs(1));
-    assert!(matches!(
-        store.claim(&claim_at(&key, fp, 2, before)).await.unwrap(),
-        ClaimOutcome::Existing(_)
-    ));
-    let at_expiry = T0.plus(retention);
+    let key = scope("acct_a", "retained-key2");
+    claims_with(
+        &store,
+        &claim_for(&key, fp, 1, Policy::default().lease, SHORT),
+    )
+    .await;
+    let completed = Instant::now();
+    assert!(completes(&store, &key, 1, "first").await);
     let different = fingerprint(r#"{"new":true}"#);
-    claims(&store, &key, different, 3, at_expiry).await;
-    let record = store.get(&key).await.unwrap().unwrap();
+    eventually("the retention to end", || async {
+        let at = now();
+        match store
+            .claim(&claim_at(&key, different, 3, at))
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Claimed => Some(()),
+            ClaimOutcome::Existing(record) => {
+                assert_eq!(decide(Some(&record), &different, at), Decision::Mismatch);
+                None
+            }
+        }
+    })
+    .await;
+    assert!(
+        completed.elapsed() >= SHORT,
+        "claimed anew before the retention ended"
+    );
+    let at = now();
+    let record = store.get(&key, at).await.unwrap().unwrap();
     assert_eq!(record.fingerprint, different);
-    assert_eq!(record.created_at, at_expiry);
+    assert!(matches!(
+        record.state,
+        RecordState::InProgress {
+            token: FencingToken(3),
+            ..
+        }
+    ));
+    about(record.created_at, at, "the new claim's time");
 
     assert!(store.release(&key, FencingToken(3)).await.unwrap());
-    assert_eq!(store.get(&key).await.unwrap(), None);
-    claims(&store, &key, fp, 4, at_expiry).await;
+    assert_eq!(store.get(&key, now()).await.unwrap(), None);
+    claims(&store, &key, fp, 4, now()).await;
 }
 
-/// The sweeper deletes expired records in bounded batches, keeps live ones and in-progress
-/// records whose lease still runs, and is safe to run from several places at once.
+/// An outcome nobody knows never expires into a fresh claim (docs/contract.md §12): a record in
+/// progress whose lease and retention have both run out is still the same request's (whose
+/// retry learns the outcome is unknown) and a mismatch for any other; the sweeper leaves it.
+/// Once resolved (completed late, as a reconciler does with the stale token), its retention
+/// counts from the resolution.
+pub async fn an_unknown_outcome_never_expires<S: Store>(store: S) {
+    let fp = fingerprint(r#"{"amount":7}"#);
+    let other = fingerprint(r#"{"amount":8}"#);
+    let unknown = scope("acct_a", "unknown-key-01");
+    claims_with(&store, &claim_for(&unknown, fp, 1, SHORT, SHORT)).await;
+    // Claimed and completed after it with the same retention: once their retention has ended
+    // (the one sweepable, the other claimed anew), so has the unknown record's.
+    let (swept, renewed) = (
+        scope("acct_a", "unknown-key-02"),
+        scope("acct_a", "unknown-key-03"),
+    );
+    for key in [&swept, &renewed] {
+        claims_with(&store, &claim_for(key, fp, 1, SHORT, SHORT)).await;
+        assert!(completes(&store, key, 1, "{}").await);
+    }
+    eventually("the retention to end", || async {
+        match store
+            .claim(&claim_at(&renewed, other, 2, now()))
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Claimed => Some(()),
+            ClaimOutcome::Existing(_) => None,
+        }
+    })
+    .await;
+
+    let at = now();
+    let mut retry = claim_at(&unknown, fp, 3, at);
+    retry.take_over_expired_lease = false;
+    let record = found(&store, &retry).await;
+    assert_eq!(
+        decide(Some(&record), &fp, at),
+        Decision::LeaseExpired {
+            token: FencingToken(1)
+        },
+        "the retry learns the outcome is unknown"
+    );
+    let record = found(&store, &claim_at(&unknown, other, 4, at)).await;
+    assert_eq!(decide(Some(&record), &other, at), Decision::Mismatch);
+
+    assert_eq!(
+        sweep_all(&store, now(), 10).await.unwrap(),
+        1,
+        "the completed one"
+    );
+    assert_eq!(store.get(&swept, now()).await.unwrap(), None);
+    let left = store.get(&unknown, now()).await.unwrap();
+    assert!(
+        matches!(
+            left,
+            Some(Record {
+                state: RecordState::InProgress { .. },
+                ..
+            })
+        ),
+        "the sweeper deleted an unknown outcome: {left:?}"
+    );
+
+    // Resolved at last: kept for a whole retention from now, however old its claim.
+    let resolved = Instant::now();
+    assert!(completes(&store, &unknown, 1, "resolved").await);
+    let at = now();
+    let record = store.get(&unknown, at).await.unwrap().unwrap();
+    assert!(matches!(decide(Some(&record), &fp, at), Decision::Replay(r) if r.body == b"resolved"));
+    assert!(record.expires_at > at, "expired at once: {record:?}");
+    about(
+        record.expires_at,
+        at.plus(SHORT),
+        "the retention from the resolution",
+    );
+    eventually("the resolved record to expire", || async {
+        let at = now();
+        let record = store.get(&unknown, at).await.unwrap().unwrap();
+        (decide(Some(&record), &other, at) == Decision::Expired).then_some(())
+    })
+    .await;
+    assert!(
+        resolved.elapsed() >= SHORT,
+        "expired before a retention from its resolution"
+    );
+}
+
+/// The records [`sweep_deletes_expired_in_batches`] and [`sweep_spares_keys_claimed_again`]
+/// start from: `n` records of `fp` under `prefix`, each completed with a [`SHORT`] retention;
+/// returns their scopes once every one has expired.
+async fn expired_records<S: Store>(
+    store: &S,
+    prefix: &str,
+    n: usize,
+    fp: Fingerprint,
+) -> Vec<Scope> {
+    let keys: Vec<_> = (0..n)
+        .map(|i| scope("acct_a", &format!("{prefix}-{i:05}")))
+        .collect();
+    for key in &keys {
+        claims_with(
+            store,
+            &claim_for(key, fp, 1, Policy::default().lease, SHORT),
+        )
+        .await;
+        assert!(completes(store, key, 1, "{}").await);
+    }
+    // The last one completed is the last to expire.
+    let last = keys.last().expect("some records");
+    let other = fingerprint(r#"{"not":"it"}"#);
+    eventually("the records to expire", || async {
+        let at = now();
+        let record = store.get(last, at).await.unwrap().unwrap();
+        (decide(Some(&record), &other, at) == Decision::Expired).then_some(())
+    })
+    .await;
+    keys
+}
+
+/// The sweeper deletes expired records in bounded batches, keeps live ones and records in
+/// progress (a long call under a live lease, and an unknown outcome whose lease and retention
+/// ran out), and is safe to run from several places at once.
 pub async fn sweep_deletes_expired_in_batches<S: Store>(store: S) {
     let fp = fingerprint("{}");
-    let policy = Policy::default();
-    for i in 0..250 {
-        let key = scope("acct_a", &format!("old-key-{i:05}"));
-        claims(&store, &key, fp, 1, T0).await;
-        assert!(completes(&store, &key, 1, "{}").await);
-    }
-    let later = T0.plus(policy.retention / 2);
     let fresh = scope("acct_a", "fresh-key-001");
-    claims(&store, &fresh, fp, 1, later).await;
+    claims(&store, &fresh, fp, 1, now()).await;
     assert!(completes(&store, &fresh, 1, "{}").await);
-    // In progress past its retention but with a lease still running (a very long call).
     let long = scope("acct_a", "long-call-001");
-    let mut claim = claim_at(&long, fp, 1, T0);
-    claim.lease_until = T0.plus(policy.retention * 2);
-    store.claim(&claim).await.unwrap();
+    claims_with(
+        &store,
+        &claim_for(&long, fp, 1, Duration::from_secs(600), SHORT),
+    )
+    .await;
+    let unknown = scope("acct_a", "unknown-call1");
+    claims_with(&store, &claim_for(&unknown, fp, 1, SHORT, SHORT)).await;
+    let old = expired_records(&store, "old-key", 250, fp).await;
 
-    let now = T0.plus(policy.retention);
-    assert_eq!(store.sweep(now, 100).await.unwrap(), 100);
+    let at = now();
+    assert_eq!(store.sweep(at, 100).await.unwrap(), 100);
     // Two sweepers at once (one pausing between its batches) delete the rest between them,
     // each row once.
     let (a, b) = tokio::join!(
-        sweep_all(&store, now, 40),
-        sweep_all_paced(&store, now, 40, 1)
+        sweep_all(&store, at, 40),
+        sweep_all_paced(&store, at, 40, 1)
     );
     assert_eq!(a.unwrap() + b.unwrap(), 150);
-    assert_eq!(store.sweep(now, 100).await.unwrap(), 0);
-    assert!(store.get(&fresh).await.unwrap().is_some());
-    assert!(store.get(&long).await.unwrap().is_some());
-    assert_eq!(
-        store.get(&scope("acct_a", "old-key-00007")).await.unwrap(),
-        None
-    );
+    assert_eq!(store.sweep(now(), 100).await.unwrap(), 0);
+    assert!(store.get(&fresh, now()).await.unwrap().is_some());
+    assert!(store.get(&long, now()).await.unwrap().is_some());
+    assert!(store.get(&unknown, now()).await.unwrap().is_some());
+    assert_eq!(store.get(&old[7], now()).await.unwrap(), None);
 }
 
 /// A sweep racing claims that take expired keys afresh deletes none of the new records: a
@@ -330,22 +613,16 @@ pub async fn sweep_deletes_expired_in_batches<S: Store>(store: S) {
 /// records are claimed again by one task each while two sweepers delete in small batches.
 pub async fn sweep_spares_keys_claimed_again<S: Store>(store: S) {
     let (old, new) = (fingerprint("{}"), fingerprint(r#"{"again":true}"#));
-    let keys: Vec<_> = (0..200)
-        .map(|i| scope("acct_a", &format!("again-key-{i:05}")))
-        .collect();
-    for key in &keys {
-        claims(&store, key, old, 1, T0).await;
-        assert!(completes(&store, key, 1, "{}").await);
-    }
-    let now = T0.plus(Policy::default().retention);
+    let keys = expired_records(&store, "again-key", 200, old).await;
+    let at = now();
     let claimers: Vec<_> = keys
         .iter()
         .map(|key| {
-            let (store, claim) = (store.clone(), claim_at(key, new, 2, now));
+            let (store, claim) = (store.clone(), claim_at(key, new, 2, at));
             tokio::spawn(async move { store.claim(&claim).await })
         })
         .collect();
-    let (a, b) = tokio::join!(sweep_all(&store, now, 7), sweep_all(&store, now, 5));
+    let (a, b) = tokio::join!(sweep_all(&store, at, 7), sweep_all(&store, at, 5));
     let swept = a.unwrap() + b.unwrap();
     for claimer in claimers {
         assert_eq!(
@@ -356,11 +633,141 @@ pub async fn sweep_spares_keys_claimed_again<S: Store>(store: S) {
     }
     assert!(swept <= 200, "each old record is deleted once at most");
     for key in &keys {
-        let record = store.get(key).await.unwrap();
+        let record = store.get(key, now()).await.unwrap();
         let record = record.unwrap_or_else(|| panic!("the sweeper deleted {key:?}'s new claim"));
-        assert_eq!((record.fingerprint, record.created_at), (new, now));
+        assert_eq!(record.fingerprint, new);
+        assert!(matches!(
+            record.state,
+            RecordState::InProgress {
+                token: FencingToken(2),
+                ..
+            }
+        ));
     }
-    assert_eq!(store.sweep(now, 100).await.unwrap(), 0);
+    assert_eq!(store.sweep(now(), 100).await.unwrap(), 0);
+}
+
+/// A store that instances share judges time by its own clock: a claim made through a handle
+/// whose caller's clock is minutes ahead or behind can neither take a live lease over nor find
+/// a completed record expired, a sweep by such a clock deletes nothing live, and the times it
+/// sees are right in its own frame (docs/contract.md §12).
+pub async fn a_caller_clock_minutes_off_changes_nothing<S: Store>(store: S) {
+    let fp = fingerprint(r#"{"amount":3}"#);
+    let other = fingerprint(r#"{"amount":4}"#);
+    let lease = Policy::default().lease;
+    let minutes = Duration::from_secs(300);
+    let ahead = || now().plus(minutes);
+    let behind = || Timestamp(now().0 - 300_000);
+
+    let key = scope("acct_a", "skewed-key-01");
+    claims(&store, &key, fp, 1, now()).await;
+    for (at, clock) in [(ahead(), "ahead"), (behind(), "behind")] {
+        let record = found(&store, &claim_at(&key, fp, 2, at)).await;
+        match decide(Some(&record), &fp, at) {
+            Decision::InFlight { retry_after } => {
+                assert!(retry_after <= lease, "{clock}: {retry_after:?}")
+            }
+            other => panic!("a caller {clock} took a live lease for {other:?}"),
+        }
+        about(record.created_at, at, clock);
+        let RecordState::InProgress { lease_until, .. } = record.state else {
+            panic!("in progress")
+        };
+        about(lease_until, at.plus(lease), clock);
+    }
+    // A renewal by a clock ahead runs the lease from the store's now.
+    assert!(
+        store
+            .renew(&key, FencingToken(1), lease, ahead())
+            .await
+            .unwrap()
+    );
+    let at = ahead();
+    let record = store.get(&key, at).await.unwrap().unwrap();
+    let RecordState::InProgress { lease_until, .. } = record.state else {
+        panic!("in progress")
+    };
+    about(lease_until, at.plus(lease), "the renewed lease");
+
+    // A short retention, judged by the store's clock whatever the caller's says.
+    let done = scope("acct_a", "skewed-key-02");
+    claims_with(
+        &store,
+        &claim_for(&done, fp, 1, lease, Duration::from_secs(60)),
+    )
+    .await;
+    assert!(completes(&store, &done, 1, "{}").await);
+    let at = ahead();
+    let record = found(&store, &claim_at(&done, other, 3, at)).await;
+    assert_eq!(
+        decide(Some(&record), &other, at),
+        Decision::Mismatch,
+        "expired early"
+    );
+    about(
+        record.expires_at,
+        at.plus(Duration::from_secs(60)),
+        "the expiry",
+    );
+    assert_eq!(
+        store.sweep(ahead(), 10).await.unwrap(),
+        0,
+        "swept a live record"
+    );
+    assert_eq!(
+        store
+            .sweep(now().plus(Duration::from_secs(86_400)), 10)
+            .await
+            .unwrap(),
+        0
+    );
+    let at = behind();
+    let record = store.get(&done, at).await.unwrap().unwrap();
+    about(
+        record.expires_at,
+        at.plus(Duration::from_secs(60)),
+        "the expiry, behind",
+    );
+}
+
+/// Times are kept to the millisecond: the distances a claim gives (a lease of 1 ms, a
+/// retention of 333 ms) come back exact in any caller's frame, however far it is from the
+/// store's, and a completed record is swept once its retention has run, not before.
+pub async fn times_are_kept_to_the_millisecond<S: Store>(store: S) {
+    let fp = fingerprint("{}");
+    for (i, frame) in [T0, Timestamp(0), Timestamp(-62_135_596_800_001), now()]
+        .into_iter()
+        .enumerate()
+    {
+        let key = scope("acct_a", &format!("exact-key-{i:03}"));
+        let mut claim = claim_at(&key, fp, 1, frame);
+        claim.lease_until = Timestamp(frame.0 + 1);
+        claim.expires_at = Timestamp(frame.0 + 333);
+        claims_with(&store, &claim).await;
+        let record = store.get(&key, frame).await.unwrap().unwrap();
+        about(record.created_at, frame, "created_at");
+        assert_eq!(record.expires_at.0 - record.created_at.0, 333);
+        let RecordState::InProgress { lease_until, .. } = record.state else {
+            panic!("in progress")
+        };
+        assert_eq!(lease_until.0 - record.created_at.0, 1);
+    }
+
+    let key = scope("acct_a", "exact-sweep01");
+    let mut claim = claim_at(&key, fp, 1, now());
+    claim.expires_at = Timestamp(claim.now.0 + 333);
+    claims_with(&store, &claim).await;
+    let completed = Instant::now();
+    assert!(completes(&store, &key, 1, "{}").await);
+    eventually("the sweeper to delete it", || async {
+        (store.sweep(now(), 10).await.unwrap() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        completed.elapsed() >= Duration::from_millis(333),
+        "swept early"
+    );
+    assert_eq!(store.get(&key, now()).await.unwrap(), None);
 }
 
 /// Transaction mode: the key row commits with the response; a rollback takes the key with it;
@@ -379,7 +786,7 @@ pub async fn transaction_mode_commits_or_rolls_back<S: TransactionalStore>(store
     };
     store.rollback(tx).await.unwrap();
     assert_eq!(
-        store.get(&key).await.unwrap(),
+        store.get(&key, T0).await.unwrap(),
         None,
         "rollback leaves no key row"
     );
@@ -472,43 +879,56 @@ async fn found_in_tx<S: TransactionalStore>(store: &S, claim: &NewClaim) -> idem
 }
 
 /// In a transaction as in lease mode, a committed record answers a claim (a replay, a
-/// mismatch) until its retention ends; then the next claim replaces it, in a transaction that
-/// commits the new request's record, or rolls back and leaves the old one.
+/// mismatch) until its retention ends, and not after; then the next claim replaces it, in a
+/// transaction that commits the new request's record, or rolls back and leaves the old one.
 pub async fn transaction_mode_replaces_an_expired_record<S: TransactionalStore>(store: S) {
-    let key = scope("acct_a", "tx-expired-01");
     let (fp, other) = (fingerprint("{}"), fingerprint(r#"{"b":2}"#));
-    let retention = Policy::default().retention;
-    claims_in_tx(&store, &claim_at(&key, fp, 1, T0), "first").await;
+    let kept = scope("acct_a", "tx-kept-00001");
+    claims_in_tx(&store, &claim_at(&kept, fp, 1, now()), "first").await;
+    let at = now();
+    let replay = found_in_tx(&store, &claim_at(&kept, fp, 2, at)).await;
+    assert!(matches!(decide(Some(&replay), &fp, at), Decision::Replay(r) if r.body == b"first"));
+    let mismatch = found_in_tx(&store, &claim_at(&kept, other, 3, at)).await;
+    assert_eq!(decide(Some(&mismatch), &other, at), Decision::Mismatch);
 
-    let before = T0.plus(retention - Duration::from_millis(1));
-    let replay = found_in_tx(&store, &claim_at(&key, fp, 2, before)).await;
+    let key = scope("acct_a", "tx-expired-01");
+    let claimed = Instant::now();
+    claims_in_tx(
+        &store,
+        &claim_for(&key, fp, 1, Policy::default().lease, SHORT),
+        "first",
+    )
+    .await;
+    let tx = eventually("the retention to end", || async {
+        let at = now();
+        match store
+            .begin_claim(&claim_at(&key, other, 4, at), Duration::from_secs(10))
+            .await
+            .unwrap()
+        {
+            TxClaim::Claimed(tx) => Some(tx),
+            TxClaim::Existing(record) => {
+                assert_eq!(decide(Some(&record), &other, at), Decision::Mismatch);
+                None
+            }
+            TxClaim::Busy => panic!("a 10 s wait ran out"),
+        }
+    })
+    .await;
     assert!(
-        matches!(decide(Some(&replay), &fp, before), Decision::Replay(r) if r.body == b"first")
+        claimed.elapsed() >= SHORT,
+        "replaced before its retention ended"
     );
-    let mismatch = found_in_tx(&store, &claim_at(&key, other, 3, before)).await;
-    assert_eq!(decide(Some(&mismatch), &other, before), Decision::Mismatch);
-
-    let expired = T0.plus(retention);
-    let TxClaim::Claimed(tx) = store
-        .begin_claim(&claim_at(&key, other, 4, expired), Duration::from_secs(10))
-        .await
-        .unwrap()
-    else {
-        panic!("an expired record must give way")
-    };
     store.rollback(tx).await.unwrap();
-    let kept = store.get(&key).await.unwrap().unwrap();
-    assert_eq!(
-        (kept.fingerprint, kept.created_at),
-        (fp, T0),
-        "the rollback keeps the old record"
-    );
+    let left = store.get(&key, now()).await.unwrap().unwrap();
+    assert_eq!(left.fingerprint, fp, "the rollback keeps the old record");
 
-    claims_in_tx(&store, &claim_at(&key, other, 5, expired), "second").await;
-    let record = store.get(&key).await.unwrap().unwrap();
-    assert_eq!((record.fingerprint, record.created_at), (other, expired));
+    let at = now();
+    claims_in_tx(&store, &claim_at(&key, other, 5, at), "second").await;
+    let record = store.get(&key, at).await.unwrap().unwrap();
+    assert_eq!(record.fingerprint, other);
     assert!(
-        matches!(decide(Some(&record), &other, expired), Decision::Replay(r) if r.body == b"second")
+        matches!(decide(Some(&record), &other, at), Decision::Replay(r) if r.body == b"second")
     );
 }
 
@@ -519,37 +939,53 @@ pub async fn transaction_mode_takes_over_only_a_stale_lease_of_the_same_request<
 >(
     store: S,
 ) {
-    let key = scope("acct_a", "tx-stale-0001");
     let (fp, other) = (fingerprint("{}"), fingerprint(r#"{"c":3}"#));
-    claims(&store, &key, fp, 1, T0).await;
-    let live = T0.plus(Policy::default().lease / 2);
-    let running = found_in_tx(&store, &claim_at(&key, fp, 2, live)).await;
+    let live = scope("acct_a", "tx-live-00001");
+    claims(&store, &live, fp, 1, now()).await;
+    let at = now();
+    let running = found_in_tx(&store, &claim_at(&live, fp, 2, at)).await;
     assert!(matches!(
-        decide(Some(&running), &fp, live),
+        decide(Some(&running), &fp, at),
         Decision::InFlight { .. }
     ));
 
-    let stale = T0.plus(Policy::default().lease_hold() + Duration::from_secs(1));
-    let mismatch = found_in_tx(&store, &claim_at(&key, other, 3, stale)).await;
-    assert_eq!(decide(Some(&mismatch), &other, stale), Decision::Mismatch);
-    let mut no_takeover = claim_at(&key, fp, 4, stale);
-    no_takeover.take_over_expired_lease = false;
-    let left = found_in_tx(&store, &no_takeover).await;
-    assert_eq!(
-        decide(Some(&left), &fp, stale),
-        Decision::LeaseExpired {
-            token: FencingToken(1)
+    let key = scope("acct_a", "tx-stale-0001");
+    let claimed = Instant::now();
+    claims_with(
+        &store,
+        &claim_for(&key, fp, 1, SHORT, Policy::default().retention),
+    )
+    .await;
+    eventually("the lease to run out", || async {
+        let at = now();
+        let mismatch = found_in_tx(&store, &claim_at(&key, other, 3, at)).await;
+        assert_eq!(decide(Some(&mismatch), &other, at), Decision::Mismatch);
+        let mut no_takeover = claim_at(&key, fp, 4, at);
+        no_takeover.take_over_expired_lease = false;
+        let left = found_in_tx(&store, &no_takeover).await;
+        match decide(Some(&left), &fp, at) {
+            Decision::InFlight { .. } => None,
+            Decision::LeaseExpired {
+                token: FencingToken(1),
+            } => Some(()),
+            other => panic!("expected in flight or an expired lease, got {other:?}"),
         }
+    })
+    .await;
+    assert!(
+        claimed.elapsed() >= SHORT,
+        "taken over before its lease ran out"
     );
 
-    claims_in_tx(&store, &claim_at(&key, fp, 5, stale), "taken over").await;
+    claims_in_tx(&store, &claim_at(&key, fp, 5, now()), "taken over").await;
     assert!(
         !completes(&store, &key, 1, "late").await,
         "the old holder is fenced out"
     );
-    let record = store.get(&key).await.unwrap().unwrap();
+    let at = now();
+    let record = store.get(&key, at).await.unwrap().unwrap();
     assert!(
-        matches!(decide(Some(&record), &fp, stale), Decision::Replay(r) if r.body == b"taken over")
+        matches!(decide(Some(&record), &fp, at), Decision::Replay(r) if r.body == b"taken over")
     );
 }
 
@@ -562,110 +998,155 @@ pub async fn admin_lists_purges_and_force_completes<S: AdminStore>(store: S) {
     purges_once(&store, &records.done).await;
 }
 
-/// The admin checks' records: one completed and one in progress in `acct_a`, one in progress
-/// in `acct_b`, claimed a second apart in that order.
+/// The admin checks' records: one completed and one in progress (its lease [`SHORT`]) in
+/// `acct_a`, one in progress (the default lease) in `acct_b`, claimed in that order.
 struct AdminRecords {
     done: Scope,
     running: Scope,
     other: Scope,
+    /// When `running` was claimed.
+    running_claimed: Instant,
 }
 
 impl AdminRecords {
     async fn store<S: Store>(store: &S) -> Self {
         let fp = fingerprint("{}");
-        let records = Self {
-            done: scope("acct_a", "admin-done-001"),
-            running: scope("acct_a", "admin-running-1"),
-            other: scope("acct_b", "admin-other-01"),
-        };
-        claims(store, &records.done, fp, 1, T0).await;
-        assert!(completes(store, &records.done, 1, "{}").await);
-        let second = T0.plus(Duration::from_secs(1));
-        claims(store, &records.running, fp, 2, second).await;
-        claims(
+        let (done, running, other) = (
+            scope("acct_a", "admin-done-001"),
+            scope("acct_a", "admin-running-1"),
+            scope("acct_b", "admin-other-01"),
+        );
+        // Apart by a few milliseconds, so that their times differ: the listing is newest first.
+        let apart = || tokio::time::sleep(Duration::from_millis(5));
+        claims(store, &done, fp, 1, now()).await;
+        assert!(completes(store, &done, 1, "{}").await);
+        apart().await;
+        let running_claimed = Instant::now();
+        claims_with(
             store,
-            &records.other,
-            fp,
-            3,
-            T0.plus(Duration::from_secs(2)),
+            &claim_for(&running, fp, 2, SHORT, Policy::default().retention),
         )
         .await;
-        records
+        apart().await;
+        claims(store, &other, fp, 3, now()).await;
+        Self {
+            done,
+            running,
+            other,
+            running_claimed,
+        }
     }
 }
 
 async fn lists_by_account_state_lease_and_limit<S: AdminStore>(store: &S, records: &AdminRecords) {
-    let lease = Policy::default().lease;
-    let all = store.list(&RecordFilter::default()).await.unwrap();
+    let list = |filter: RecordFilter| async move { store.list(&filter, now()).await.unwrap() };
+    let all = list(RecordFilter::default()).await;
     assert_eq!(all.len(), 3);
     assert_eq!(all[0].scope, records.other, "newest first");
     let mine = RecordFilter {
         account: Some(AccountId::new("acct_a")),
         ..Default::default()
     };
-    assert_eq!(store.list(&mine).await.unwrap().len(), 2);
+    assert_eq!(list(mine).await.len(), 2);
     let in_progress = RecordFilter {
         in_progress: Some(true),
         ..Default::default()
     };
-    assert_eq!(store.list(&in_progress).await.unwrap().len(), 2);
-    let stale = |at| RecordFilter {
+    assert_eq!(list(in_progress).await.len(), 2);
+    let stale_by = |at| RecordFilter {
         lease_expired_by: Some(at),
         ..Default::default()
     };
-    assert!(store.list(&stale(T0.plus(lease))).await.unwrap().is_empty());
-    let expired = store
-        .list(&stale(T0.plus(lease + Duration::from_secs(1))))
+    // A minute from now, in the caller's frame, both leases have run out.
+    let at = now();
+    let later = store
+        .list(&stale_by(at.plus(Duration::from_secs(60))), at)
         .await
         .unwrap();
-    assert_eq!(expired.len(), 1);
-    assert_eq!(expired[0].scope, records.running);
+    assert_eq!(later.len(), 2);
+    // By now, the short one once it has run, never the other.
+    let stale = eventually("the short lease to run out", || async {
+        let at = now();
+        let stale = store.list(&stale_by(at), at).await.unwrap();
+        (!stale.is_empty()).then_some(stale)
+    })
+    .await;
+    assert!(
+        records.running_claimed.elapsed() >= SHORT,
+        "listed before its lease ran out"
+    );
+    assert_eq!(stale.len(), 1);
+    assert_eq!(stale[0].scope, records.running);
     let limited = RecordFilter {
         limit: 1,
         ..Default::default()
     };
-    assert_eq!(store.list(&limited).await.unwrap().len(), 1);
+    assert_eq!(list(limited).await.len(), 1);
 }
 
+/// An operator completes a record in progress, whatever its token (its lease ran out: the
+/// listing above waited for it), and its retention counts from then; a completed record or
+/// none is left alone.
 async fn force_completes_only_in_progress_records<S: AdminStore>(
     store: &S,
     records: &AdminRecords,
 ) {
     let (done, running) = (&records.done, &records.running);
     let none = scope("acct_a", "admin-none-001");
-    assert!(
+    let force = |scope: Scope, body: &'static str| async move {
         store
-            .force_complete(running, &response("operator"))
+            .force_complete(&scope, &response(body), now())
             .await
             .unwrap()
-    );
-    assert!(
-        !store
-            .force_complete(done, &response("again"))
-            .await
-            .unwrap()
-    );
-    assert!(
-        !store
-            .force_complete(&none, &response("none"))
-            .await
-            .unwrap()
-    );
+    };
+    assert!(force(running.clone(), "operator").await);
+    assert!(!force(done.clone(), "again").await);
+    assert!(!force(none.clone(), "none").await);
+    let resolved = store.get(running, now()).await.unwrap().unwrap();
     assert!(matches!(
-        store.get(running).await.unwrap().unwrap().state,
+        resolved.state,
         RecordState::Completed(ref r) if r.body == b"operator"
     ));
+    let kept = resolved.expires_at.0 - resolved.created_at.0;
+    let retention = Policy::default().retention.as_millis() as i64;
+    assert!(
+        kept >= retention + SHORT.as_millis() as i64,
+        "kept {kept} ms from the claim: the retention counts from the claim, not the resolution"
+    );
     assert!(matches!(
-        store.get(done).await.unwrap().unwrap().state,
+        store.get(done, now()).await.unwrap().unwrap().state,
         RecordState::Completed(ref r) if r.body == b"{}"
     ));
-    assert_eq!(store.get(&none).await.unwrap(), None);
+    assert_eq!(store.get(&none, now()).await.unwrap(), None);
+}
+
+/// A shared store lists leases by its own clock: a listing by a caller's clock minutes ahead,
+/// for leases run out by that caller's now, leaves out a lease still running.
+pub async fn a_listing_by_a_clock_ahead_sees_live_leases_running<S: AdminStore>(store: S) {
+    let key = scope("acct_a", "skewed-list-01");
+    claims(&store, &key, fingerprint("{}"), 1, now()).await;
+    let ahead = now().plus(Duration::from_secs(300));
+    let stale = RecordFilter {
+        lease_expired_by: Some(ahead),
+        ..Default::default()
+    };
+    assert!(
+        store.list(&stale, ahead).await.unwrap().is_empty(),
+        "listed a live lease as run out"
+    );
+    let listed = store.list(&RecordFilter::default(), ahead).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    about(
+        listed[0].created_at,
+        ahead,
+        "the claim's time, in the caller's frame",
+    );
 }
 
 async fn purges_once<S: AdminStore>(store: &S, done: &Scope) {
     assert!(store.purge(done).await.unwrap());
     assert!(!store.purge(done).await.unwrap());
-    assert_eq!(store.get(done).await.unwrap(), None);
+    assert_eq!(store.get(done, now()).await.unwrap(), None);
 }
 
 /// Writes one `#[tokio::test]` per name, each making a fresh `(store, guard)` with the async
@@ -698,9 +1179,30 @@ macro_rules! store_conformance {
             fencing_token_guards_the_outcome,
             lease_expiry_and_renewal,
             retention_and_release,
+            an_unknown_outcome_never_expires,
             sweep_deletes_expired_in_batches,
             sweep_spares_keys_claimed_again,
+            times_are_kept_to_the_millisecond,
         );
+    };
+}
+
+/// Instantiates the part of the suite for stores that instances share (PostgreSQL, Redis),
+/// whose clock is not their callers': callers' clocks that disagree change nothing.
+#[macro_export]
+macro_rules! shared_store_conformance {
+    ($make:expr) => {
+        $crate::tests_per_store!($make => [$crate::conformance];
+            a_caller_clock_minutes_off_changes_nothing);
+    };
+}
+
+/// Instantiates the part of the suite for shared stores that are [`AdminStore`]s.
+#[macro_export]
+macro_rules! shared_admin_conformance {
+    ($make:expr) => {
+        $crate::tests_per_store!($make => [$crate::conformance];
+            a_listing_by_a_clock_ahead_sees_live_leases_running);
     };
 }
 

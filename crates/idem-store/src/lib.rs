@@ -6,6 +6,22 @@
 //! transaction mode). One conformance suite ([`conformance`], feature `conformance`) runs
 //! against every backend.
 //!
+//! # One clock: the store's
+//!
+//! Lease deadlines, takeovers, expiry and sweeps are judged by one clock for every instance
+//! that shares a store: PostgreSQL's (`clock_timestamp()`, read inside each statement) and
+//! Redis's (`TIME`, read inside each script), so an instance whose clock is minutes off can
+//! neither take a live claim over nor expire a record early. SQLite is reached by one machine,
+//! whose clock is the callers' own: it takes the callers' times as they are.
+//!
+//! Callers still speak in their own clock's terms: every operation that takes or returns a time
+//! carries the caller's `now` (a [`NewClaim`]'s, or a `now` argument). A shared store keeps
+//! only the distances from it (the lease, the retention) and applies them to its own clock, and
+//! hands records back moved into the caller's frame (a stored time minus the store's now plus
+//! the caller's), so that [`idem_core::decide`] at the caller's `now` decides as the store did.
+//! No operation costs a round trip more for it: the store reads its clock in the statement or
+//! script that does the work.
+//!
 //! Backends: [`SqliteStore`] (feature `sqlite`, the embedded default), [`PgStore`] (feature
 //! `postgres`, shared by many server instances, and following its primary to a promoted
 //! standby when its URL names both), [`TokioPgStore`] (feature `tokio-postgres`: transaction
@@ -34,8 +50,8 @@
 //! assert!(matches!(store.claim(&claim).await?, ClaimOutcome::Existing(_)));
 //!
 //! let response = StoredResponse { status: 201, headers: vec![], body: b"{}".to_vec(), body_omitted: false };
-//! assert!(store.complete(&scope, FencingToken(1), &response).await?);
-//! let record = store.get(&scope).await?.unwrap();
+//! assert!(store.complete(&scope, FencingToken(1), &response, now).await?);
+//! let record = store.get(&scope, now).await?.unwrap();
 //! assert_eq!(decide(Some(&record), &fingerprint, now), Decision::Replay(&response));
 //! # Ok(()) }
 //! ```
@@ -89,12 +105,16 @@ pub struct NewClaim {
     pub fingerprint: Fingerprint,
     /// The token this claim will hold.
     pub token: FencingToken,
-    /// The time of the claim.
+    /// The time of the claim by the caller's clock: the frame of `lease_until` and
+    /// `expires_at`, and of the record a lost claim returns. A shared store claims at its own
+    /// clock's now (see [One clock](crate#one-clock-the-stores)).
     pub now: Timestamp,
     /// Until when the claim holds without renewal: `now` plus the policy's
     /// [`lease_hold`](Policy::lease_hold), which covers the longest downstream call.
     pub lease_until: Timestamp,
-    /// When the record's retention ends.
+    /// When the record's retention would end if it completed at once: `now` plus the
+    /// retention. A completion moves it to the completion time plus the retention; an
+    /// in-progress record never expires.
     pub expires_at: Timestamp,
     /// Whether a record of the same request whose lease ran out may be taken over. Lease-mode
     /// callers that pass the key downstream may; callers that must reconcile first may not.
@@ -135,30 +155,44 @@ pub enum ClaimOutcome {
 }
 
 /// A record store, atomic by contract.
+///
+/// Times are judged by the store's clock; each `now` a method takes is the caller's, the frame
+/// of the times it passes and gets back (see [One clock](crate#one-clock-the-stores)).
 pub trait Store: Clone + std::fmt::Debug + Send + Sync + 'static {
-    /// Reads the record `scope` names, if any. Never blocks on a concurrent claim.
-    fn get(&self, scope: &Scope) -> impl Future<Output = Result<Option<Record>>> + Send;
+    /// Reads the record `scope` names, if any, its times in the frame of the caller's `now`.
+    /// Never blocks on a concurrent claim.
+    fn get(
+        &self,
+        scope: &Scope,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Option<Record>>> + Send;
 
-    /// Claims a key (lease mode): one atomic insert-if-absent that also replaces a record past
-    /// its retention and, if allowed, a stale claim of the same request whose lease ran out.
-    /// Otherwise returns the record that holds the key.
+    /// Claims a key (lease mode): one atomic insert-if-absent that also replaces a completed
+    /// record past its retention and, if allowed, a stale claim of the same request whose lease
+    /// ran out. Otherwise returns the record that holds the key (in the frame of the claim's
+    /// `now`). An in-progress record is never replaced for its age alone.
     fn claim(&self, claim: &NewClaim) -> impl Future<Output = Result<ClaimOutcome>> + Send;
 
-    /// Stores the outcome of the claim holding `token`. Returns `false`, storing nothing, when
-    /// that claim no longer holds the key (it was taken over or released).
+    /// Stores the outcome of the claim holding `token`, at the caller's `now`: the record's
+    /// retention (its `expires_at` less its `created_at`, as claimed) counts from then. Returns
+    /// `false`, storing nothing, when that claim no longer holds the key (it was taken over or
+    /// released).
     fn complete(
         &self,
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
+        now: Timestamp,
     ) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Extends the lease of the claim holding `token`; `false` if it no longer holds the key.
+    /// Extends the lease of the claim holding `token` to `lease` past now (the store's now; a
+    /// zero `lease` ends it at once); `false` if it no longer holds the key.
     fn renew(
         &self,
         scope: &Scope,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
+        now: Timestamp,
     ) -> impl Future<Output = Result<bool>> + Send;
 
     /// Deletes the in-progress record of the claim holding `token`, so the next request runs
@@ -169,8 +203,10 @@ pub trait Store: Clone + std::fmt::Debug + Send + Sync + 'static {
         token: FencingToken,
     ) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Deletes at most `batch` records past their retention (and not held by a live lease) in
-    /// one statement; returns how many. Safe to run from every instance at once.
+    /// Deletes at most `batch` completed records past their retention in one statement;
+    /// returns how many. In-progress records are never swept, however old: their outcome is
+    /// unknown until it is resolved. `now` is the caller's (a shared store sweeps by its own
+    /// clock). Safe to run from every instance at once.
     fn sweep(&self, now: Timestamp, batch: u32) -> impl Future<Output = Result<u64>> + Send;
 
     /// Whether a [`claim`](Self::claim) that finds the key taken costs no more than a
@@ -241,7 +277,9 @@ pub struct RecordFilter {
     pub account: Option<AccountId>,
     /// Only in-progress records (`true`) or only completed ones (`false`).
     pub in_progress: Option<bool>,
-    /// Only records whose lease ran out by then (in-progress records a crashed worker left).
+    /// Only records whose lease ran out by then, in the frame of the `now` given to
+    /// [`AdminStore::list`] (in-progress records a crashed worker left). A shared store judges
+    /// it by its own clock, so `Some(now)` is "ran out by now" whatever the caller's clock says.
     pub lease_expired_by: Option<Timestamp>,
     /// At most this many (default 100 when zero).
     pub limit: u32,
@@ -267,19 +305,45 @@ impl RecordFilter {
 /// What operators and reconcilers need beyond the request path (`idem keys`, the lease
 /// reconciler of `idem serve`).
 pub trait AdminStore: Store {
-    /// Records matching `filter`, newest first.
-    fn list(&self, filter: &RecordFilter) -> impl Future<Output = Result<Vec<Record>>> + Send;
+    /// Records matching `filter`, newest first, their times in the frame of the caller's `now`.
+    fn list(
+        &self,
+        filter: &RecordFilter,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<Record>>> + Send;
 
     /// Deletes the record `scope` names, whatever its state; `false` if there was none.
     fn purge(&self, scope: &Scope) -> impl Future<Output = Result<bool>> + Send;
 
     /// Completes the in-progress record `scope` names with `response`, whatever its token: an
-    /// operator (or reconciler) who knows the outcome. `false` if it is not in progress.
+    /// operator (or reconciler) who knows the outcome. As with [`Store::complete`], its
+    /// retention counts from the caller's `now`. `false` if it is not in progress.
     fn force_complete(
         &self,
         scope: &Scope,
         response: &StoredResponse,
+        now: Timestamp,
     ) -> impl Future<Output = Result<bool>> + Send;
+}
+
+/// `record`, read when the store's clock said `store_now` (Unix milliseconds), with its times
+/// moved into the frame of the caller's `now`: a time's distance from the store's now becomes
+/// its distance from the caller's.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) fn in_caller_frame(mut record: Record, store_now: i64, now: Timestamp) -> Record {
+    let shift = |t: &mut Timestamp| t.0 = t.0.saturating_sub(store_now).saturating_add(now.0);
+    shift(&mut record.created_at);
+    shift(&mut record.expires_at);
+    if let idem_core::RecordState::InProgress { lease_until, .. } = &mut record.state {
+        shift(lease_until);
+    }
+    record
+}
+
+/// `d` in whole milliseconds, saturating: how the shared stores pass durations.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Runs the sweeper once: deletes expired records in batches until none is left.

@@ -4,11 +4,13 @@
 //! that inserts, replaces a record the claim may replace, or leaves the row alone, so claims
 //! from any number of instances at once have exactly one winner.
 //!
-//! Times travel as Unix milliseconds (`bigint`) and are converted in SQL:
-//! `to_timestamp(ms / 1000) + (ms % 1000) * interval '1 millisecond'` is exact over the whole
-//! `timestamptz` range (whole seconds are exact in a float8, the rest is whole milliseconds),
-//! where `to_timestamp(ms / 1000.0)` rounds through a float8 and drifts by microseconds in the
-//! far future. `(extract(epoch FROM t) * 1000)::bigint` reads them back exactly.
+//! Time is PostgreSQL's (see [One clock](crate#one-clock-the-stores)): each statement that
+//! judges or writes a time reads `clock_timestamp()` once, cut to whole milliseconds, as its
+//! now ([`store_clock!`]); the caller's times arrive as Unix milliseconds (`bigint`) and only
+//! their distances from the caller's now are used, added to that clock as intervals. A
+//! statement that hands back a record also hands back its now (`store_now`), so the record's
+//! times can be moved into the caller's frame. `(extract(epoch FROM t) * 1000)::bigint` reads
+//! times back exactly, every stored time being whole milliseconds.
 //!
 //! In transaction mode (docs/contract.md §3) the claim runs inside the handler's transaction under
 //! `lock_timeout`: a duplicate blocks on the unique index until the first transaction commits
@@ -32,7 +34,7 @@ pub use url::PgUrlError;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{FencingToken, Record, Scope, StoredResponse, Timestamp};
+use idem_core::{Decision, FencingToken, Record, Scope, StoredResponse, Timestamp, decide};
 use sqlx::migrate::MigrateError;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Connection as _, PgExecutor, Postgres, Row};
@@ -45,7 +47,7 @@ use self::url::PgUrl;
 use crate::sql::{self, bind_claim, bind_filter, bind_scope, row_scope};
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim, is_unavailable,
+    TxClaim, in_caller_frame, is_unavailable, millis,
 };
 
 /// The transaction a handler writes through in transaction mode.
@@ -69,64 +71,90 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 const RETEST_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// How many times a claim is retried when the record it lost to vanished (released or swept)
-/// before it could be read. Each retry means another writer changed the key in between, so a
-/// few are plenty.
+/// or became replaceable before it could be read. Each retry means the key changed in between,
+/// so a few are plenty.
 const CLAIM_ATTEMPTS: usize = 5;
 
 /// SQLSTATE `lock_not_available`: a lock wait ran past `lock_timeout`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
-// Claims a key if no record holds it, or replaces a record the claim may replace (past its
-// retention and not held by a live lease; or, if allowed, a stale claim of the same request).
-// One statement, so two claims can never both win. `excluded.created_at` is the claim's "now".
-// `$before` and `$after` wrap the claimed row's values ($1 to $7): `VALUES (…)` here, a
-// `SELECT … FROM` a CTE in transaction mode. With `new_only` it claims only a key no record
-// holds, `ON CONFLICT DO NOTHING`, which neither writes nor locks a row it finds (TokioPgStore
-// claims so first, and replaces a record with the full statement only when it found one it
-// may replace). (A macro, so that `concat!` can wrap it.)
+// The store's now: PostgreSQL's clock, cut to whole milliseconds (the unit callers' times come
+// in), so that every stored time reads back exactly. `clock_timestamp()` is read anew at each
+// mention, even within one statement, so a statement names it once and refers to that.
+macro_rules! store_clock {
+    () => {
+        "date_trunc('milliseconds', clock_timestamp())"
+    };
+}
+pub(crate) use store_clock;
+
+// A caller's time `$t` as an interval from the caller's now `$now`: what a shared store keeps
+// of it, to add to its own clock.
+macro_rules! from_callers_now {
+    ($t:literal, $now:literal) => {
+        concat!("(", $t, " - ", $now, ") * interval '1 millisecond'")
+    };
+}
+
+// Claims a key if no record holds it, or replaces a record the claim may replace (completed and
+// past its retention; or, if allowed, a stale claim of the same request whose lease ran out;
+// never an in-progress record for its age). One statement, so two claims can never both win.
+// The claimed row is selected `$from` a row whose `now` is the store's clock: a subquery here,
+// the CTE that bounds the wait in transaction mode. `excluded.created_at` is that now; the
+// caller's lease and retention ($6 and $5, Unix milliseconds) count from it as far as they do
+// from the caller's now ($4). With `new_only` it claims only a key no record holds, `ON
+// CONFLICT DO NOTHING`, which neither writes nor locks a row it finds (TokioPgStore claims so
+// first, and replaces a record with the full statement only when it found one it may
+// replace). (A macro, so that `concat!` can wrap it.)
 macro_rules! claim_sql {
-    ($before:literal, $after:literal) => {
+    (new_only, $($from:tt)+) => {
         concat!(
-            $crate::postgres::claim_sql!(@insert $before, $after),
+            $crate::postgres::claim_sql!(@insert $($from)+),
+            "
+ON CONFLICT (account_id, idem_key) DO NOTHING
+RETURNING fencing_token"
+        )
+    };
+    (@insert $($from:tt)+) => {
+        concat!(
+            "
+INSERT INTO idempotency_keys AS k
+    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
+SELECT $1, $2, $3, 'in_progress', clock.now,
+       clock.now + ",
+            $crate::postgres::from_callers_now!("$5", "$4"),
+            ",
+       clock.now + ",
+            $crate::postgres::from_callers_now!("$6", "$4"),
+            ",
+       $7
+",
+            $($from)+,
+        )
+    };
+    ($($from:tt)+) => {
+        concat!(
+            $crate::postgres::claim_sql!(@insert $($from)+),
             crate::sql::claim_replaces_with!(),
-            "WHERE (k.expires_at <= excluded.created_at
-       AND NOT (k.status = 'in_progress' AND k.lease_until > excluded.created_at))
+            "WHERE (k.status = 'completed' AND k.expires_at <= excluded.created_at)
    OR ($8 AND k.status = 'in_progress'
        AND k.lease_until <= excluded.created_at
        AND k.request_hash = excluded.request_hash)
 RETURNING fencing_token"
         )
     };
-    ($before:literal, $after:literal, new_only) => {
-        concat!(
-            $crate::postgres::claim_sql!(@insert $before, $after),
-            "
-ON CONFLICT (account_id, idem_key) DO NOTHING
-RETURNING fencing_token"
-        )
-    };
-    (@insert $before:literal, $after:literal) => {
-        concat!(
-            "
-INSERT INTO idempotency_keys AS k
-    (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
-",
-            $before,
-            "$1, $2, $3, 'in_progress',
-        to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond',
-        to_timestamp($5 / 1000) + ($5 % 1000) * interval '1 millisecond',
-        to_timestamp($6 / 1000) + ($6 % 1000) * interval '1 millisecond',
-        $7",
-            $after,
-        )
-    };
 }
-pub(crate) use claim_sql;
+pub(crate) use {claim_sql, from_callers_now};
 
-const CLAIM: &str = claim_sql!("VALUES (", ")");
+const CLAIM: &str = claim_sql!(concat!(
+    "FROM (SELECT ",
+    store_clock!(),
+    " AS now) AS clock"
+));
 
-// A record's columns, times as Unix milliseconds. (A macro, so that TokioPgStore's claim can
-// read them too.)
+// A record's columns, times as Unix milliseconds (in the store's frame: each statement that
+// reads them adds its now, `store_now`). (A macro, so that TokioPgStore's claim can read them
+// too.)
 macro_rules! record_columns {
     () => {
         "request_hash, status, response_code, response_headers::text AS response_headers,
@@ -140,34 +168,64 @@ macro_rules! record_columns {
 #[cfg(feature = "tokio-postgres")]
 pub(crate) use record_columns;
 
+// A time as Unix milliseconds, exact for the whole milliseconds the store keeps. (A macro, so
+// that `concat!` can use it.)
+macro_rules! epoch_ms {
+    ($($t:tt)+) => {
+        concat!("(extract(epoch FROM ", $($t)+, ") * 1000)::bigint")
+    };
+}
+pub(crate) use epoch_ms;
+
 pub(crate) const SELECT: &str = concat!(
     "\nSELECT ",
     record_columns!(),
-    "\nFROM idempotency_keys WHERE account_id = $1 AND idem_key = $2"
+    ",\n       ",
+    epoch_ms!(store_clock!()),
+    " AS store_now\nFROM idempotency_keys WHERE account_id = $1 AND idem_key = $2"
 );
 
 // Completes an in-progress record: the one the claim holding the token $3 holds, or, with $3
 // NULL, whatever claim holds it (an operator's `force_complete`). One statement, so the token
-// is matched by the write itself. (A macro, so that TokioPgStore's guarded form can wrap it.)
+// is matched by the write itself. `$expires_at` is the record's new expiry: with
+// `resolving`, the store's now plus the record's retention (an outcome resolved long after
+// its claim is kept as long as any); `in_tx`, as claimed (transaction mode, where nobody saw
+// the record in progress). (A macro, so that TokioPgStore's guarded form can wrap it.)
 macro_rules! complete_sql {
-    () => {
-        "
+    (resolving) => {
+        $crate::postgres::complete_sql!(@expiring
+            $crate::postgres::store_clock!(), " + (expires_at - created_at)")
+    };
+    (in_tx) => {
+        $crate::postgres::complete_sql!(@expiring "expires_at")
+    };
+    (@expiring $($expires_at:tt)+) => {
+        concat!(
+            "
 UPDATE idempotency_keys
 SET status = 'completed', response_code = $4, response_headers = $5::jsonb, response_body = $6,
-    body_omitted = $7
+    body_omitted = $7, expires_at = ",
+            $($expires_at)+,
+            "
 WHERE account_id = $1 AND idem_key = $2 AND ($3::bigint IS NULL OR fencing_token = $3)
   AND status = 'in_progress'"
+        )
     };
 }
-#[cfg(feature = "tokio-postgres")]
 pub(crate) use complete_sql;
 
-const COMPLETE: &str = complete_sql!();
+const COMPLETE: &str = complete_sql!(resolving);
+const COMPLETE_IN_TX: &str = complete_sql!(in_tx);
 
-const RENEW: &str = "
+// $4: the lease in milliseconds.
+const RENEW: &str = concat!(
+    "
 UPDATE idempotency_keys
-SET lease_until = to_timestamp($4 / 1000) + ($4 % 1000) * interval '1 millisecond'
-WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'";
+SET lease_until = ",
+    store_clock!(),
+    " + $4 * interval '1 millisecond'
+WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_progress'"
+);
 
 const RELEASE: &str = "
 DELETE FROM idempotency_keys
@@ -178,16 +236,22 @@ WHERE account_id = $1 AND idem_key = $2 AND fencing_token = $3 AND status = 'in_
 // row versions it locked (`ctid`, which a lock held to the end of the statement keeps
 // valid), a TID scan: joining it back through the primary key cost four times as much
 // (EXPLAIN ANALYZE on 1,000 expired rows of 400,000: 6.5 ms against 1.6 ms), and that cost
-// competes with claims for the database's CPU.
-const SWEEP: &str = "
+// competes with claims for the database's CPU. Only completed records: an in-progress one
+// holds an outcome nobody knows yet. The clock is read in a subquery, once: the index on
+// `expires_at` can then serve the range, which it cannot for a volatile function compared
+// row by row.
+const SWEEP: &str = concat!(
+    "
 DELETE FROM idempotency_keys
 WHERE ctid = ANY (ARRAY (
     SELECT ctid FROM idempotency_keys
-    WHERE expires_at <= to_timestamp($1 / 1000) + ($1 % 1000) * interval '1 millisecond'
-      AND (status = 'completed'
-           OR lease_until <= to_timestamp($1 / 1000) + ($1 % 1000) * interval '1 millisecond')
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED))";
+    WHERE expires_at <= (SELECT ",
+    store_clock!(),
+    ")
+      AND status = 'completed'
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED))"
+);
 
 // READ COMMITTED (whatever the server's default) is what makes a blocked duplicate see the
 // first transaction's committed row once it is let through.
@@ -205,19 +269,26 @@ macro_rules! bounded_claim {
     () => {
         concat!(
             $crate::postgres::bound_the_wait!(),
-            $crate::postgres::claim_sql!("SELECT ", "\nFROM bounded"),
+            $crate::postgres::claim_sql!("FROM bounded AS clock"),
             $crate::postgres::restore_the_wait!()
         )
     };
 }
 
-// The CTEs that read `lock_timeout` and set the claim's bound ($9).
+// The CTEs that read `lock_timeout` and set the claim's bound ($9), and read the store's
+// clock once for the claim (`bounded.now`).
 macro_rules! bound_the_wait {
     () => {
-        "
+        concat!(
+            "
 WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_timeout),
      bounded AS MATERIALIZED (
-         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true) FROM previous)"
+         SELECT previous.lock_timeout, set_config('lock_timeout', $9, true),
+                ",
+            $crate::postgres::store_clock!(),
+            " AS now
+         FROM previous)"
+        )
     };
 }
 pub(crate) use bound_the_wait;
@@ -387,6 +458,18 @@ pub(crate) fn lock_timeout_setting(wait: Duration) -> String {
     format!("{ms}ms")
 }
 
+/// Whether a claim may replace `record`, which it lost to: the core's decision, which the
+/// claim's `WHERE` states in SQL (the statement, not this, has the last word). A record read
+/// after its claim lost can have become replaceable since (its lease or retention ran out in
+/// between): the claim is then made again rather than answered with a record the caller's
+/// decision would claim.
+pub(crate) fn may_replace(record: &Record, claim: &NewClaim) -> bool {
+    match decide(Some(record), &claim.fingerprint, claim.now) {
+        Decision::LeaseExpired { .. } => claim.take_over_expired_lease,
+        decision => decision.allows_claim(),
+    }
+}
+
 pub(crate) fn vanished(scope: &Scope) -> Error {
     Error::Raced(format!(
         "a claim of key {} kept losing to records that vanished before they could be read",
@@ -415,23 +498,41 @@ async fn claim_on<'e>(
     Ok(row.is_some())
 }
 
-async fn get_on<'e>(ex: impl PgExecutor<'e>, scope: &Scope) -> Result<Option<Record>> {
+/// The record `scope` names, in the frame of the caller's `now`.
+async fn get_on<'e>(
+    ex: impl PgExecutor<'e>,
+    scope: &Scope,
+    now: Timestamp,
+) -> Result<Option<Record>> {
     let row = bind_scope(sqlx::query(SELECT), scope)
         .fetch_optional(ex)
         .await?;
-    row.map(|row| record_from_row(scope, &row)).transpose()
+    row.map(|row| record_from_row(scope, &row, now)).transpose()
 }
 
-/// Runs [`COMPLETE`]; whether the in-progress record held by `token` (any token if `None`) was
-/// completed.
+/// Whether a completion resolves an outcome others could see in progress (its retention then
+/// counts from now), or ends a transaction that nobody saw in progress.
+#[derive(Debug, Clone, Copy)]
+enum Completion {
+    Resolving,
+    InTransaction,
+}
+
+/// Runs [`COMPLETE`] (or [`COMPLETE_IN_TX`]); whether the in-progress record held by `token`
+/// (any token if `None`) was completed.
 async fn complete_on<'e>(
     ex: impl PgExecutor<'e>,
     scope: &Scope,
     token: Option<FencingToken>,
     response: &StoredResponse,
+    completion: Completion,
 ) -> Result<bool> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
-    let done = bind_scope(sqlx::query(COMPLETE), scope)
+    let statement = match completion {
+        Completion::Resolving => COMPLETE,
+        Completion::InTransaction => COMPLETE_IN_TX,
+    };
+    let done = bind_scope(sqlx::query(statement), scope)
         .bind(token.map(|token| token.0))
         .bind(i32::from(response.status))
         .bind(headers)
@@ -442,16 +543,20 @@ async fn complete_on<'e>(
     Ok(done.rows_affected() == 1)
 }
 
-fn record_from_row(scope: &Scope, row: &PgRow) -> Result<Record> {
+/// The record of a row read with its statement's `store_now`, in the frame of the caller's
+/// `now`.
+fn record_from_row(scope: &Scope, row: &PgRow, now: Timestamp) -> Result<Record> {
     // `int` in PostgreSQL.
-    sql::record_from_row(scope, row, |row| {
+    let record = sql::record_from_row(scope, row, |row| {
         Ok(row.try_get::<i32, _>("response_code")?.into())
-    })
+    })?;
+    let store_now: i64 = row.try_get("store_now")?;
+    Ok(in_caller_frame(record, store_now, now))
 }
 
 impl Store for PgStore {
-    async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
-        self.watched(get_on(&self.pool, scope).await)
+    async fn get(&self, scope: &Scope, now: Timestamp) -> Result<Option<Record>> {
+        self.watched(get_on(&self.pool, scope, now).await)
     }
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
@@ -463,19 +568,29 @@ impl Store for PgStore {
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
+        _now: Timestamp,
     ) -> Result<bool> {
-        self.watched(complete_on(&self.pool, scope, Some(token), response).await)
+        let completed = complete_on(
+            &self.pool,
+            scope,
+            Some(token),
+            response,
+            Completion::Resolving,
+        )
+        .await;
+        self.watched(completed)
     }
 
     async fn renew(
         &self,
         scope: &Scope,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
+        _now: Timestamp,
     ) -> Result<bool> {
         let done = bind_scope(sqlx::query(RENEW), scope)
             .bind(token.0)
-            .bind(lease_until.0)
+            .bind(millis(lease))
             .execute(&self.pool)
             .await;
         Ok(self.watched(done)?.rows_affected() == 1)
@@ -489,9 +604,8 @@ impl Store for PgStore {
         Ok(self.watched(done)?.rows_affected() == 1)
     }
 
-    async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
+    async fn sweep(&self, _now: Timestamp, batch: u32) -> Result<u64> {
         let done = sqlx::query(SWEEP)
-            .bind(now.0)
             .bind(i64::from(batch))
             .execute(&self.pool)
             .await;
@@ -507,9 +621,13 @@ impl PgStore {
                 return Ok(ClaimOutcome::Claimed);
             }
             // The claim lost to a record; read it in a new statement. It may have been
-            // released or swept in between, and then the key is free to claim again.
-            if let Some(record) = get_on(&self.pool, &claim.scope).await? {
-                return Ok(ClaimOutcome::Existing(record));
+            // released or swept in between, or become one the claim may replace (its lease or
+            // retention ran out since), and then the key is free to claim again.
+            match get_on(&self.pool, &claim.scope, claim.now).await? {
+                Some(record) if !may_replace(&record, claim) => {
+                    return Ok(ClaimOutcome::Existing(record));
+                }
+                _ => {}
             }
         }
         Err(vanished(&claim.scope))
@@ -542,10 +660,13 @@ impl PgStore {
             // The claim lost to a committed record (and holds its row lock until the rollback).
             // Under READ COMMITTED this new statement sees it; should it have vanished all the
             // same, the key is free and the claim starts over.
-            let record = get_on(&mut *tx, &claim.scope).await?;
+            let record = get_on(&mut *tx, &claim.scope, claim.now).await?;
             tx.rollback().await?;
-            if let Some(record) = record {
-                return Ok(TxClaim::Existing(record));
+            match record {
+                Some(record) if !may_replace(&record, claim) => {
+                    return Ok(TxClaim::Existing(record));
+                }
+                _ => {}
             }
         }
         Err(vanished(&claim.scope))
@@ -566,7 +687,15 @@ impl TransactionalStore for PgStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<()> {
-        let completed = self.watched(complete_on(&mut *tx, scope, Some(token), response).await)?;
+        let completed = complete_on(
+            &mut *tx,
+            scope,
+            Some(token),
+            response,
+            Completion::InTransaction,
+        )
+        .await;
+        let completed = self.watched(completed)?;
         if !completed {
             return Err(Error::Raced(format!(
                 "the key row of {} vanished inside its own transaction",
@@ -582,26 +711,35 @@ impl TransactionalStore for PgStore {
 }
 
 impl AdminStore for PgStore {
-    async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>> {
-        let list = sqlx::query(
-            "SELECT account_id, idem_key, request_hash, status, response_code,
-                    response_headers::text AS response_headers, response_body, body_omitted,
-                    (extract(epoch FROM created_at) * 1000)::bigint AS created_at,
-                    (extract(epoch FROM expires_at) * 1000)::bigint AS expires_at,
-                    (extract(epoch FROM lease_until) * 1000)::bigint AS lease_until,
-                    fencing_token
-             FROM idempotency_keys
+    async fn list(&self, filter: &RecordFilter, now: Timestamp) -> Result<Vec<Record>> {
+        // `lease_expired_by` ($3) is the caller's: as far from the store's now as from the
+        // caller's ($5).
+        let list = sqlx::query(concat!(
+            "WITH clock AS MATERIALIZED (SELECT ",
+            store_clock!(),
+            " AS now)
+             SELECT account_id, idem_key, ",
+            record_columns!(),
+            ", ",
+            epoch_ms!("clock.now"),
+            " AS store_now
+             FROM idempotency_keys, clock
              WHERE ($1::text IS NULL OR account_id = $1)
                AND ($2::text IS NULL OR status = $2)
-               AND ($3::bigint IS NULL OR (status = 'in_progress' AND lease_until
-                    <= to_timestamp($3 / 1000) + ($3 % 1000) * interval '1 millisecond'))
+               AND ($3::bigint IS NULL OR (status = 'in_progress'
+                    AND lease_until <= clock.now + ",
+            from_callers_now!("$3", "$5"),
+            "))
              ORDER BY created_at DESC
              LIMIT $4",
-        );
-        let rows = bind_filter(list, filter).fetch_all(&self.pool).await;
+        ));
+        let rows = bind_filter(list, filter)
+            .bind(now.0)
+            .fetch_all(&self.pool)
+            .await;
         let rows = self.watched(rows)?;
         rows.iter()
-            .map(|row| record_from_row(&row_scope(row)?, row))
+            .map(|row| record_from_row(&row_scope(row)?, row, now))
             .collect()
     }
 
@@ -612,7 +750,13 @@ impl AdminStore for PgStore {
         Ok(self.watched(done)?.rows_affected() == 1)
     }
 
-    async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
-        self.watched(complete_on(&self.pool, scope, None, response).await)
+    async fn force_complete(
+        &self,
+        scope: &Scope,
+        response: &StoredResponse,
+        _now: Timestamp,
+    ) -> Result<bool> {
+        let completed = complete_on(&self.pool, scope, None, response, Completion::Resolving).await;
+        self.watched(completed)
     }
 }

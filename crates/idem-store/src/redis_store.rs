@@ -1,12 +1,11 @@
 //! [`RedisStore`]: records in Redis, for the gateway's lease mode.
 //!
-//! Every operation is one Lua script (or, for [`Store::get`], one `HGETALL`), and Redis runs a
-//! script as a single atomic step, so the claim is one insert-if-absent however many instances
-//! claim at once, and `complete`, `renew` and `release` check the fencing token and the status
-//! in the same step as they write.
+//! Every operation is one Lua script, and Redis runs a script as a single atomic step, so the
+//! claim is one insert-if-absent however many instances claim at once, and `complete`, `renew`
+//! and `release` check the fencing token and the status in the same step as they write.
 //!
-//! The store's own docs ([`RedisStore`]) say what Redis does not give, how keys are laid out
-//! and how idem's clock and Redis's expiry meet.
+//! The store's own docs ([`RedisStore`]) say what Redis does not give, how keys are laid out,
+//! whose clock judges time, and what bounds its memory.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -24,7 +23,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, Script, ServerErrorKind, Value};
 
-use crate::{ClaimOutcome, Error, NewClaim, Result, Store};
+use crate::{ClaimOutcome, Error, NewClaim, Result, Store, in_caller_frame, millis};
 
 /// The longest TTL set: Redis rejects expiry times beyond `i64` milliseconds, and a retention
 /// this long (or saturated) means "keep".
@@ -41,91 +40,107 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// request should get its `503` well within a client's timeout.
 const RECONNECT_RETRIES: usize = 2;
 
-// Claims a key if no record holds it, or replaces a record the claim may replace (past its
-// retention and not held by a live lease; or, if allowed, a stale claim of the same request),
-// the conditions of the SQL stores' claim. Otherwise returns the record that holds the key, so
-// the loser needs no second round trip.
+// Every script that judges or writes a time reads Redis's clock first, as `now` (Unix
+// milliseconds): the one clock of every instance on this store (docs/contract.md §12). Since
+// Redis 5 a script's writes are replicated as their effects, so a script may read `TIME`
+// before it writes. (A macro, so that `concat!` can put it at the head of each script.)
+macro_rules! redis_now {
+    () => {
+        "
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+"
+    };
+}
+
+// Claims a key if no record holds it, or replaces a record the claim may replace (completed and
+// past its retention; or, if allowed, a stale claim of the same request; never an in-progress
+// record for its age), the conditions of the SQL stores' claim. Otherwise returns Redis's now
+// and the record that holds the key, so the loser needs no second round trip. The new record
+// has no TTL while in progress (its outcome is unknown until it is resolved) and waits in the
+// index at `+inf` until it completes.
 //
 // Every `redis.call` costs Redis about a microsecond beyond its command (measured with `INFO
 // commandstats`), so a first claim makes only the calls it needs: no DEL of a record that is
-// not there, and the index trimmed only when the caller asks (`trim_before` empty otherwise).
+// not there, and the index trimmed only when the caller asks (`trim` empty otherwise).
 //
-// KEYS: record, index. ARGV: request_hash, now, expires_at, lease_until, fencing_token,
-// take_over (1/0), ttl_ms, sweepable_at, trim_before (or empty).
-const CLAIM: &str = r"
+// KEYS: record, index. ARGV: request_hash, lease_ms, retention_ms, fencing_token, take_over
+// (1/0), trim (the slack in ms, or empty).
+const CLAIM: &str = concat!(
+    redis_now!(),
+    r"
 local record, index = KEYS[1], KEYS[2]
-local now = tonumber(ARGV[2])
 local held = redis.call('HMGET', record, 'status', 'expires_at', 'lease_until', 'request_hash')
 local status = held[1]
 if status then
-    local expires_at, lease_until = tonumber(held[2]), tonumber(held[3])
-    local live_lease = status == 'in_progress' and lease_until > now
-    local expired = expires_at <= now and not live_lease
-    local take_over = ARGV[6] == '1' and status == 'in_progress' and lease_until <= now
-        and held[4] == ARGV[1]
+    local expired = status == 'completed' and tonumber(held[2]) <= now
+    local take_over = ARGV[5] == '1' and status == 'in_progress'
+        and tonumber(held[3]) <= now and held[4] == ARGV[1]
     if not (expired or take_over) then
-        return redis.call('HGETALL', record)
+        return {now, redis.call('HGETALL', record)}
     end
     redis.call('DEL', record)
 end
 redis.call('HSET', record,
-    'request_hash', ARGV[1], 'status', 'in_progress', 'created_at', ARGV[2],
-    'expires_at', ARGV[3], 'lease_until', ARGV[4], 'fencing_token', ARGV[5])
-redis.call('PEXPIRE', record, ARGV[7])
-redis.call('ZADD', index, ARGV[8], record)
-if ARGV[9] ~= '' then
-    redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. ARGV[9])
+    'request_hash', ARGV[1], 'status', 'in_progress', 'created_at', string.format('%d', now),
+    'expires_at', string.format('%d', now + tonumber(ARGV[3])),
+    'lease_until', string.format('%d', now + tonumber(ARGV[2])), 'fencing_token', ARGV[4])
+redis.call('ZADD', index, '+inf', record)
+if ARGV[6] ~= '' then
+    redis.call('ZREMRANGEBYSCORE', index, '-inf',
+        '(' .. string.format('%d', now - tonumber(ARGV[6])))
 end
 return 1
-";
+"
+);
 
-// Stores the outcome if the claim holding the token still holds the key. A completed record
-// becomes sweepable at its retention's end, whatever its lease said: its index entry moves
-// there when its lease had put it later (a lease within the retention, the usual case, had
-// scored it there already).
+// The record and Redis's now, for a read whose record's times are moved into the caller's
+// frame.
+//
+// KEYS: record.
+const GET: &str = concat!(redis_now!(), "return {now, redis.call('HGETALL', KEYS[1])}");
+
+// Stores the outcome if the claim holding the token still holds the key. The retention counts
+// from now: the record expires its retention (expires_at less created_at, as claimed) from
+// now, becomes sweepable then, and gets a TTL, its first, for then plus the slack.
 //
 // KEYS: record, index. ARGV: fencing_token, response_code, response_headers, response_body,
-// body_omitted (1/0).
-const COMPLETE: &str = r"
+// body_omitted (1/0), slack_ms, max_ttl_ms.
+const COMPLETE: &str = concat!(
+    redis_now!(),
+    r"
 local record, index = KEYS[1], KEYS[2]
-local held = redis.call('HMGET', record, 'status', 'fencing_token', 'expires_at', 'lease_until')
+local held = redis.call('HMGET', record, 'status', 'fencing_token', 'expires_at', 'created_at')
 if held[1] ~= 'in_progress' or held[2] ~= ARGV[1] then
     return 0
 end
+local retention = tonumber(held[3]) - tonumber(held[4])
+local expires_at = string.format('%d', now + retention)
 redis.call('HSET', record, 'status', 'completed', 'response_code', ARGV[2],
-    'response_headers', ARGV[3], 'response_body', ARGV[4], 'body_omitted', ARGV[5])
-if tonumber(held[4]) > tonumber(held[3]) then
-    redis.call('ZADD', index, held[3], record)
-end
+    'response_headers', ARGV[3], 'response_body', ARGV[4], 'body_omitted', ARGV[5],
+    'expires_at', expires_at)
+redis.call('ZADD', index, expires_at, record)
+local ttl = math.max(1, math.min(retention + tonumber(ARGV[6]), tonumber(ARGV[7])))
+redis.call('PEXPIRE', record, string.format('%d', ttl))
 return 1
-";
+"
+);
 
-// Moves the lease of the claim holding the token. The record's TTL grows by as much as its
-// sweepable time moved later (never shrinks: a longer backstop is always safe); the TTL is a
-// duration, so this needs no `now`.
+// Moves the lease of the claim holding the token to `lease_ms` past now.
 //
-// KEYS: record, index. ARGV: fencing_token, lease_until, max_ttl_ms.
-const RENEW: &str = r"
-local record, index = KEYS[1], KEYS[2]
-local held = redis.call('HMGET', record, 'status', 'fencing_token', 'expires_at', 'lease_until')
+// KEYS: record. ARGV: fencing_token, lease_ms.
+const RENEW: &str = concat!(
+    redis_now!(),
+    r"
+local record = KEYS[1]
+local held = redis.call('HMGET', record, 'status', 'fencing_token')
 if held[1] ~= 'in_progress' or held[2] ~= ARGV[1] then
     return 0
 end
-local expires_at, old_lease, new_lease = tonumber(held[3]), tonumber(held[4]), tonumber(ARGV[2])
-redis.call('HSET', record, 'lease_until', ARGV[2])
-local sweepable_at = held[3]
-if new_lease > expires_at then
-    sweepable_at = ARGV[2]
-end
-redis.call('ZADD', index, sweepable_at, record)
-local later = math.max(expires_at, new_lease) - math.max(expires_at, old_lease)
-local ttl = redis.call('PTTL', record)
-if later > 0 and ttl > 0 then
-    local extended = math.min(ttl + later, tonumber(ARGV[3]))
-    redis.call('PEXPIRE', record, string.format('%d', extended))
-end
+redis.call('HSET', record, 'lease_until', string.format('%d', now + tonumber(ARGV[2])))
 return 1
-";
+"
+);
 
 // Deletes the in-progress record of the claim holding the token.
 //
@@ -141,36 +156,38 @@ redis.call('ZREM', index, record)
 return 1
 ";
 
-// Deletes at most `batch` sweepable records, found through the index and checked against
-// their stored state. One script, so concurrent sweepers take disjoint records and each
-// deletion is counted once. An entry whose record Redis has already expired is dropped
-// uncounted; one whose record is not sweepable after all is given its true time, so it cannot
-// stay in front of the range.
+// Deletes at most `batch` completed records past their retention, found through the index and
+// checked against their stored state. One script, so concurrent sweepers take disjoint records
+// and each deletion is counted once. An entry whose record Redis has already expired is
+// dropped uncounted; one whose record is not sweepable after all (claimed again since) is
+// given its true place, `+inf` while in progress, so it cannot stay in front of the range.
 //
-// KEYS: index. ARGV: now, batch.
-const SWEEP: &str = r"
+// KEYS: index. ARGV: batch.
+const SWEEP: &str = concat!(
+    redis_now!(),
+    r"
 local index = KEYS[1]
-local now = tonumber(ARGV[1])
 local deleted = 0
-local due = redis.call('ZRANGEBYSCORE', index, '-inf', ARGV[1], 'LIMIT', 0, ARGV[2])
+local due = redis.call('ZRANGEBYSCORE', index, '-inf', string.format('%d', now),
+    'LIMIT', 0, ARGV[1])
 for _, record in ipairs(due) do
-    local held = redis.call('HMGET', record, 'status', 'expires_at', 'lease_until')
+    local held = redis.call('HMGET', record, 'status', 'expires_at')
     local status = held[1]
     if not status then
         redis.call('ZREM', index, record)
-    elseif tonumber(held[2]) <= now
-        and (status == 'completed' or tonumber(held[3]) <= now) then
+    elseif status == 'completed' and tonumber(held[2]) <= now then
         redis.call('DEL', record)
         redis.call('ZREM', index, record)
         deleted = deleted + 1
-    elseif status == 'completed' or tonumber(held[2]) >= tonumber(held[3]) then
+    elseif status == 'completed' then
         redis.call('ZADD', index, held[2], record)
     else
-        redis.call('ZADD', index, held[3], record)
+        redis.call('ZADD', index, '+inf', record)
     end
 end
 return deleted
-";
+"
+);
 
 /// Records in Redis, every key under one prefix, for lease mode: on one server (or a primary
 /// with replicas) or on a Redis Cluster.
@@ -194,9 +211,10 @@ return deleted
 ///   answered from survives the loss of its primary. `WAIT` does not make Redis strongly
 ///   consistent (a replica that confirmed may still lose the race to be promoted), but on a
 ///   failover that promotes a confirming replica nothing acknowledged is lost.
-/// - **Eviction forgets keys.** Every record has a TTL, so under `maxmemory` any `volatile-*`
-///   or `allkeys-*` policy may evict live records. Run with `maxmemory-policy noeviction`: a
-///   full server then refuses claims (the layer answers `503`) instead of forgetting them.
+/// - **Eviction forgets keys.** Completed records have a TTL, so under `maxmemory` any
+///   `volatile-*` or `allkeys-*` policy may evict live records (and `allkeys-*` in-progress ones
+///   too). Run with `maxmemory-policy noeviction`: a full server then refuses claims (the layer
+///   answers `503`) instead of forgetting them.
 ///
 /// [`wait_for_replicas`]: Self::wait_for_replicas
 ///
@@ -210,9 +228,10 @@ return deleted
 ///   `response_body`, `body_omitted`). Accounts and keys may contain `:`; the account's length
 ///   in bytes says where it ends, so no two scopes share a key.
 /// - `{prefix}:sweep`: a sorted set of record keys, each scored with the time the record
-///   becomes sweepable: its `expires_at` once completed, `max(expires_at, lease_until)` while in
-///   progress. The sweeper takes the lowest scores up to `now`, so records under a long lease
-///   never stand in front of those it may delete.
+///   becomes sweepable: its `expires_at` once completed, `+inf` while in progress (never, while
+///   its outcome is not known). The sweeper takes the lowest scores up to Redis's now, so
+///   records in progress never stand in front of those it may delete, and `ZCOUNT
+///   {prefix}:sweep +inf +inf` counts the records in progress.
 ///
 /// On a cluster (`redis+cluster://`) a script may touch keys of one hash slot only, so the
 /// records are spread over [`CLUSTER_BUCKETS`](Self::CLUSTER_BUCKETS) buckets, each with an
@@ -224,22 +243,28 @@ return deleted
 ///
 /// # Time
 ///
-/// idem's time is an injected clock, which need not agree with Redis's (tests run years away
-/// from it). So every decision compares the stored times with the caller's `now`, exactly as
-/// the SQL stores do, and Redis's own expiry decides nothing: it is a garbage-collection
-/// backstop for records nobody sweeps. A record's TTL is a duration, not an instant: the time
-/// from the claim's `now` until the record becomes sweepable, plus
-/// [`TTL_SLACK`](Self::TTL_SLACK) for the clocks of other instances running behind the
-/// claimer's. Renewing a lease lengthens it by as much as the sweepable time moved (a duration
-/// again, as `renew` is given no `now`); completing leaves it as it is, since longer is safe.
-/// So while the instances' clocks keep pace with real time, Redis only ever drops a record the
-/// sweeper could have deleted already. (Under a clock that stands still, a test's manual clock,
-/// records still vanish once their TTL has passed in real time.)
+/// Time is Redis's: every script that judges or writes a time reads `TIME` first (on a
+/// cluster, the clock of the node that holds the record), so instances whose clocks disagree
+/// judge leases and expiry alike (see [One clock](crate#one-clock-the-stores)). A claim is given
+/// the caller's lease and retention as durations and applies them to Redis's now; a record
+/// handed back comes with Redis's now, and is moved into the caller's frame.
+///
+/// # Memory
+///
+/// A completed record gets a TTL when it completes: its retention plus
+/// [`TTL_SLACK`](Self::TTL_SLACK), so that the sweeper, which counts what it deletes, normally
+/// gets to it first, and Redis's own expiry only collects what nobody sweeps. A record in
+/// progress has no TTL: its outcome is unknown until it is completed, released, taken over by a
+/// retry of the same request, or deleted by an operator, and a record that vanished would let a
+/// fresh claim run the work a second time. So what bounds Redis's memory is the retention
+/// window's completed records plus the records whose outcome nobody has learnt: one per call
+/// cut short (a crashed instance, an upstream that timed out) that no retry has taken over yet.
+/// `ZCOUNT {prefix}:sweep +inf +inf` counts the records in progress.
 ///
 /// The index has no TTL. The sweeper removes the entries it handles, and the first claim of
-/// each second (by the callers' clock) drops the entries of its index more than the slack past
-/// their time (by then Redis has expired their records), so the index stays bounded where no
-/// sweeper runs. An entry whose record Redis expired first is
+/// each second (paced by the callers' clock) drops the entries of its index more than the
+/// slack past their time by Redis's clock (Redis has expired their records by then), so the
+/// index stays bounded where no sweeper runs. An entry whose record Redis expired first is
 /// dropped by the sweeper uncounted, so a sweep can report fewer than its batch while more
 /// remain; the next run goes on.
 ///
@@ -429,6 +454,7 @@ impl Lua {
 
 /// The store's scripts.
 struct Scripts {
+    get: Lua,
     claim: Lua,
     complete: Lua,
     renew: Lua,
@@ -437,6 +463,7 @@ struct Scripts {
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    get: Lua::new(GET, false),
     claim: Lua::new(CLAIM, true),
     complete: Lua::new(COMPLETE, true),
     renew: Lua::new(RENEW, true),
@@ -448,8 +475,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 const CLUSTER_SCHEME: &str = "redis+cluster://";
 
 impl RedisStore {
-    /// How much longer than its sweepable time Redis keeps a record: a generous bound on how
-    /// far the clocks of the instances sharing the store may disagree.
+    /// How much longer than its retention Redis keeps a completed record, so that the sweeper
+    /// deletes it first (see [Memory](Self#memory)).
     pub const TTL_SLACK: Duration = Duration::from_secs(60 * 60);
 
     /// How many buckets a cluster's records are spread over (see [Layout](Self#layout)):
@@ -578,17 +605,15 @@ impl RedisStore {
     }
 
     /// Whether the claim made at `now` trims the index of entries more than the slack past
-    /// their time, and up to when: the first claim a second does (by the callers' clock; a
-    /// clock that went back trims at once).
-    fn trim_before(&self, now: Timestamp) -> Option<i64> {
+    /// their time: the first claim a second does (by the callers' clock, which only paces it;
+    /// a clock that went back trims at once).
+    fn trims(&self, now: Timestamp) -> bool {
         let last = self.last_trim.load(Ordering::Relaxed);
         let due = now.0 >= last.saturating_add(TRIM_EVERY_MS) || now.0 < last;
-        let mine = due
-            && self
-                .last_trim
-                .compare_exchange(last, now.0, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok();
-        mine.then(|| now.0.saturating_sub(slack_ms()))
+        due && self
+            .last_trim
+            .compare_exchange(last, now.0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// The sweep index of a cluster's bucket.
@@ -753,15 +778,23 @@ pub(crate) fn classify(e: RedisError) -> Error {
     }
 }
 
-/// The record's TTL in Redis: from `now` until it becomes sweepable, plus the slack, within
-/// what Redis accepts.
-fn ttl_ms(claim: &NewClaim) -> i64 {
-    let sweepable_at = claim.expires_at.max(claim.lease_until);
-    sweepable_at
-        .0
-        .saturating_sub(claim.now.0)
-        .saturating_add(slack_ms())
-        .clamp(1, MAX_TTL_MS)
+/// The distance from `now` to `t`, a caller's time, as Redis is given it: whole
+/// milliseconds, never negative, within what its scripts compute exactly.
+fn from_now(now: Timestamp, t: Timestamp) -> i64 {
+    t.0.saturating_sub(now.0).clamp(0, MAX_TTL_MS)
+}
+
+/// A script's answer of Redis's now and a record's fields (none: no record), as the record in
+/// the frame of the caller's `now`.
+fn record_at(scope: &Scope, answer: Value, now: Timestamp) -> Result<Option<Record>> {
+    let (store_now, fields): (i64, HashMap<String, Vec<u8>>) =
+        redis::from_redis_value(answer).map_err(|e| Error::Redis(e.into()))?;
+    // A missing hash reads as no fields.
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let record = record_from_fields(scope, fields)?;
+    Ok(Some(in_caller_frame(record, store_now, now)))
 }
 
 /// The error for a record whose hash cannot be read back.
@@ -823,51 +856,44 @@ impl Store for RedisStore {
         true
     }
 
-    async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
-        let fields: HashMap<String, Vec<u8>> = self
-            .conn
-            .query(redis::cmd("HGETALL").arg(self.record_key(scope)))
-            .await?;
-        // A missing hash reads as no fields.
-        if fields.is_empty() {
-            return Ok(None);
-        }
-        record_from_fields(scope, fields).map(Some)
+    async fn get(&self, scope: &Scope, now: Timestamp) -> Result<Option<Record>> {
+        let record = self.record_key(scope);
+        let (answer, _) = self.run(&SCRIPTS.get, &[&record], |_| {}).await?;
+        record_at(scope, answer, now)
     }
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
-        let sweepable_at = claim.expires_at.max(claim.lease_until);
-        let trim_before = self.trim_before(claim.now);
         let (record, index) = (self.record_key(&claim.scope), self.index_key(&claim.scope));
+        let trim = self.trims(claim.now);
         let (answer, confirmed) = self
             .run(&SCRIPTS.claim, &[&record, &index], |call| {
                 call.arg(&claim.fingerprint.as_bytes()[..])
-                    .arg(claim.now.0)
-                    .arg(claim.expires_at.0)
-                    .arg(claim.lease_until.0)
+                    .arg(from_now(claim.now, claim.lease_until))
+                    .arg(from_now(claim.now, claim.expires_at))
                     .arg(claim.token.0)
-                    .arg(u8::from(claim.take_over_expired_lease))
-                    .arg(ttl_ms(claim))
-                    .arg(sweepable_at.0);
-                match trim_before {
-                    Some(before) => call.arg(before),
-                    None => call.arg(""),
-                };
+                    .arg(u8::from(claim.take_over_expired_lease));
+                if trim {
+                    call.arg(slack_ms());
+                } else {
+                    call.arg("");
+                }
             })
             .await?;
         if let Value::Int(1) = answer {
             if let Some(unconfirmed) = self.unconfirmed(confirmed) {
                 // Not on enough replicas: give the key back (best effort; should this fail
-                // too, the lease runs out), so the retry that the `503` invites may claim it.
+                // too, the record stays in progress, its outcome unknown), so the retry that
+                // the `503` invites may claim it.
                 let _released = self.release(&claim.scope, claim.token).await;
                 return Err(unconfirmed);
             }
             return Ok(ClaimOutcome::Claimed);
         }
-        // Anything but `1` is the record that holds the key, as `HGETALL` gives it.
-        let fields: HashMap<String, Vec<u8>> =
-            redis::from_redis_value(answer).map_err(|e| Error::Redis(e.into()))?;
-        record_from_fields(&claim.scope, fields).map(ClaimOutcome::Existing)
+        // Anything but `1` is Redis's now and the record that holds the key.
+        match record_at(&claim.scope, answer, claim.now)? {
+            Some(record) => Ok(ClaimOutcome::Existing(record)),
+            None => Err(corrupt(&claim.scope, "a lost claim without a record")),
+        }
     }
 
     async fn complete(
@@ -875,6 +901,7 @@ impl Store for RedisStore {
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
+        _now: Timestamp,
     ) -> Result<bool> {
         let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
         let (record, index) = (self.record_key(scope), self.index_key(scope));
@@ -884,7 +911,9 @@ impl Store for RedisStore {
                     .arg(response.status)
                     .arg(&headers)
                     .arg(&response.body[..])
-                    .arg(u8::from(response.body_omitted));
+                    .arg(u8::from(response.body_omitted))
+                    .arg(slack_ms())
+                    .arg(MAX_TTL_MS);
             })
             .await?;
         self.written(done, confirmed)
@@ -894,12 +923,13 @@ impl Store for RedisStore {
         &self,
         scope: &Scope,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
+        _now: Timestamp,
     ) -> Result<bool> {
-        let (record, index) = (self.record_key(scope), self.index_key(scope));
+        let record = self.record_key(scope);
         let (done, confirmed) = self
-            .run(&SCRIPTS.renew, &[&record, &index], |call| {
-                call.arg(token.0).arg(lease_until.0).arg(MAX_TTL_MS);
+            .run(&SCRIPTS.renew, &[&record], |call| {
+                call.arg(token.0).arg(millis(lease).min(MAX_TTL_MS));
             })
             .await?;
         self.written(done, confirmed)
@@ -915,7 +945,7 @@ impl Store for RedisStore {
         Ok(done == Value::Int(1))
     }
 
-    async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
+    async fn sweep(&self, _now: Timestamp, batch: u32) -> Result<u64> {
         let indexes = match &self.layout {
             Layout::Single { index } => vec![index.clone()],
             Layout::Cluster => {
@@ -933,7 +963,7 @@ impl Store for RedisStore {
             }
             let (count, _) = self
                 .run(&SCRIPTS.sweep, &[index], |call| {
-                    call.arg(now.0).arg(left);
+                    call.arg(left);
                 })
                 .await?;
             deleted += redis::from_redis_value::<u64>(count).map_err(|e| Error::Redis(e.into()))?;

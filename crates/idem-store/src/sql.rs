@@ -206,9 +206,14 @@ fn stored_scope(account: String, key: String) -> Result<Scope> {
     Ok(Scope::new(AccountId::new(account), key))
 }
 
-/// [`record_from_row`] for a row tokio-postgres read (`TokioPgStore`), of the same columns.
+/// [`record_from_row`] for a row tokio-postgres read (`TokioPgStore`), of the same columns and
+/// the statement's `store_now`; its times in the frame of the caller's `now`.
 #[cfg(feature = "tokio-postgres")]
-pub(crate) fn record_from_client_row(scope: &Scope, row: &tokio_postgres::Row) -> Result<Record> {
+pub(crate) fn record_from_client_row(
+    scope: &Scope,
+    row: &tokio_postgres::Row,
+    now: Timestamp,
+) -> Result<Record> {
     let corrupt = |e: tokio_postgres::Error| {
         Error::Corrupt(format!(
             "an unreadable row for key {}: {e}",
@@ -223,7 +228,8 @@ pub(crate) fn record_from_client_row(scope: &Scope, row: &tokio_postgres::Row) -
         lease_until: row.try_get("lease_until").map_err(corrupt)?,
         fencing_token: row.try_get("fencing_token").map_err(corrupt)?,
     };
-    columns.into_record(scope, || {
+    let store_now: i64 = row.try_get("store_now").map_err(corrupt)?;
+    let record = columns.into_record(scope, || {
         Ok(ResponseColumns {
             code: row
                 .try_get::<_, i32>("response_code")
@@ -233,5 +239,6 @@ pub(crate) fn record_from_client_row(scope: &Scope, row: &tokio_postgres::Row) -
             body: row.try_get("response_body").map_err(corrupt)?,
             body_omitted: row.try_get("body_omitted").map_err(corrupt)?,
         })
-    })
+    })?;
+    Ok(crate::in_caller_frame(record, store_now, now))
 }

@@ -35,7 +35,7 @@ use std::time::Duration;
 use deadpool::managed::{Metrics, QueueMode, RecycleResult};
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures_util::FutureExt as _;
-use idem_core::{Decision, FencingToken, Record, Scope, StoredResponse, Timestamp, decide};
+use idem_core::{FencingToken, Record, Scope, StoredResponse, Timestamp};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
@@ -43,8 +43,8 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Statement};
 
 use crate::postgres::{
-    BEGIN, SELECT, bound_the_wait, bounded_claim, claim_sql, complete_sql, lock_timeout_setting,
-    record_columns, restore_the_wait, vanished,
+    BEGIN, SELECT, bound_the_wait, bounded_claim, claim_sql, complete_sql, epoch_ms,
+    lock_timeout_setting, may_replace, record_columns, restore_the_wait, vanished,
 };
 use crate::{
     AdminStore, ClaimOutcome, Error, NewClaim, PgStore, PgUrlError, RecordFilter, Result, Store,
@@ -52,27 +52,30 @@ use crate::{
 };
 
 /// The claim of a key no record holds, its wait bounded by `lock_timeout` ($9); when the key
-/// is taken, the record that holds it, in the same statement. The read sees what was committed
-/// when the statement began: a record whose transaction the claim had to wait for is not among
-/// that, and then the statement returns no row (a later read finds it). The key's row, absent
-/// or claimed, is read only when the claim did not insert (a one-time filter).
+/// is taken, the record that holds it, in the same statement, with the store's now the claim
+/// read (`store_now`). The read sees what was committed when the statement began: a record
+/// whose transaction the claim had to wait for is not among that, and then the statement
+/// returns no row (a later read finds it). The key's row, absent or claimed, is read only when
+/// the claim did not insert (a one-time filter).
 const CLAIM_NEW_OR_READ: &str = concat!(
     bound_the_wait!(),
     ",
      claimed AS (",
-    claim_sql!("SELECT ", "\nFROM bounded", new_only),
+    claim_sql!(new_only, "FROM bounded AS clock"),
     restore_the_wait!(),
     ")
 SELECT true AS claimed, NULL::bytea AS request_hash, NULL::text AS status,
        NULL::int AS response_code, NULL::text AS response_headers, NULL::bytea AS response_body,
        NULL::bool AS body_omitted, NULL::bigint AS created_at, NULL::bigint AS expires_at,
-       NULL::bigint AS lease_until, fencing_token
+       NULL::bigint AS lease_until, fencing_token, NULL::bigint AS store_now
 FROM claimed
 UNION ALL
 SELECT false, ",
     record_columns!(),
+    ", ",
+    epoch_ms!("bounded.now"),
     "
-FROM idempotency_keys
+FROM idempotency_keys, bounded
 WHERE account_id = $1 AND idem_key = $2 AND NOT EXISTS (SELECT FROM claimed)"
 );
 
@@ -98,7 +101,7 @@ const CLAIM_TYPES: &[Type] = &[
 /// writes never commit without their key's response.
 const COMPLETE_IN_TX: &str = concat!(
     "WITH completed AS (",
-    complete_sql!(),
+    complete_sql!(in_tx),
     "\n  RETURNING 1)\nSELECT 1 / count(*)::int FROM completed"
 );
 
@@ -357,7 +360,12 @@ impl TokioPgTx {
     }
 
     /// The record `scope` names, read in the transaction, which ends with it: one round trip.
-    async fn read_and_roll_back(&mut self, scope: &Scope) -> Result<Option<Record>> {
+    /// Its times in the frame of the caller's `now`.
+    async fn read_and_roll_back(
+        &mut self,
+        scope: &Scope,
+        now: Timestamp,
+    ) -> Result<Option<Record>> {
         let select = self.prepare(SELECT, SCOPE_TYPES).await?;
         let rollback = self.prepare(ROLLBACK, &[]).await?;
         let (account, key) = (scope.account.as_str(), scope.key.as_str());
@@ -368,7 +376,7 @@ impl TokioPgTx {
         );
         self.end();
         rolled_back?;
-        row?.map(|row| crate::sql::record_from_client_row(scope, &row))
+        row?.map(|row| crate::sql::record_from_client_row(scope, &row, now))
             .transpose()
     }
 
@@ -583,7 +591,11 @@ impl TokioPgStore {
                 Ok(Some(row)) if replacing || row.try_get::<_, bool>("claimed")? => {
                     return Ok(TxClaim::Claimed(tx));
                 }
-                Ok(Some(row)) => Some(crate::sql::record_from_client_row(&claim.scope, &row)?),
+                Ok(Some(row)) => Some(crate::sql::record_from_client_row(
+                    &claim.scope,
+                    &row,
+                    claim.now,
+                )?),
                 Ok(None) => None,
                 Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     tx.rollback().await?;
@@ -599,12 +611,14 @@ impl TokioPgStore {
                 }
                 // The claim waited for the transaction that wrote the record (or lost to the
                 // full claim), so its statement could not see it: a new one does.
-                None => tx.read_and_roll_back(&claim.scope).await?,
+                None => tx.read_and_roll_back(&claim.scope, claim.now).await?,
             };
             match record {
                 // Released or swept since the claim saw it: the key is free again.
                 None => replacing = false,
-                Some(record) if !replacing && may_replace(&record, claim) => replacing = true,
+                // Replaceable (also when it became so after the full claim lost to it: its
+                // lease or retention ran out in between).
+                Some(record) if may_replace(&record, claim) => replacing = true,
                 Some(record) => return Ok(TxClaim::Existing(record)),
             }
         }
@@ -626,18 +640,9 @@ impl TokioPgStore {
     }
 }
 
-/// Whether the full claim may replace `record` for `claim`: the core's decision, which the
-/// claim's `WHERE` states in SQL (the statement, not this, has the last word).
-fn may_replace(record: &Record, claim: &NewClaim) -> bool {
-    match decide(Some(record), &claim.fingerprint, claim.now) {
-        Decision::LeaseExpired { .. } => claim.take_over_expired_lease,
-        decision => decision.allows_claim(),
-    }
-}
-
 impl Store for TokioPgStore {
-    async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
-        self.sql.get(scope).await
+    async fn get(&self, scope: &Scope, now: Timestamp) -> Result<Option<Record>> {
+        self.sql.get(scope, now).await
     }
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
@@ -649,17 +654,19 @@ impl Store for TokioPgStore {
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
+        now: Timestamp,
     ) -> Result<bool> {
-        self.sql.complete(scope, token, response).await
+        self.sql.complete(scope, token, response, now).await
     }
 
     async fn renew(
         &self,
         scope: &Scope,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
+        now: Timestamp,
     ) -> Result<bool> {
-        self.sql.renew(scope, token, lease_until).await
+        self.sql.renew(scope, token, lease, now).await
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
@@ -703,15 +710,20 @@ impl TransactionalStore for TokioPgStore {
 }
 
 impl AdminStore for TokioPgStore {
-    async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>> {
-        self.sql.list(filter).await
+    async fn list(&self, filter: &RecordFilter, now: Timestamp) -> Result<Vec<Record>> {
+        self.sql.list(filter, now).await
     }
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
         self.sql.purge(scope).await
     }
 
-    async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
-        self.sql.force_complete(scope, response).await
+    async fn force_complete(
+        &self,
+        scope: &Scope,
+        response: &StoredResponse,
+        now: Timestamp,
+    ) -> Result<bool> {
+        self.sql.force_complete(scope, response, now).await
     }
 }

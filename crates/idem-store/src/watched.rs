@@ -13,15 +13,18 @@ use crate::{
     ClaimOutcome, Error, NewClaim, OutcomeChannel, Result, Store, TransactionalStore, TxClaim,
 };
 
-/// `inner`, watched: each [`get`](Store::get) is counted in `reads`; each claim that finds
-/// its key in progress is reported on `in_progress_claims`, if set; the next
-/// `failing_completes` completions fail as an unreachable store's would.
+/// `inner`, watched: each [`get`](Store::get) is counted in `reads`, each
+/// [`sweep`](Store::sweep) in `sweeps`; each claim that finds its key in progress is reported
+/// on `in_progress_claims`, if set; the next `failing_completes` completions fail as an
+/// unreachable store's would.
 #[derive(Clone, Debug)]
 pub struct WatchedStore<S> {
     /// The store every call goes to.
     pub inner: S,
     /// How many reads were made.
     pub reads: Arc<AtomicUsize>,
+    /// How many sweeps were made.
+    pub sweeps: Arc<AtomicUsize>,
     /// How many of the next completions fail with [`Error::Unavailable`].
     pub failing_completes: Arc<AtomicUsize>,
     /// Told once for each claim that found its key held by another request.
@@ -37,6 +40,7 @@ impl<S: Store> WatchedStore<S> {
         Self {
             inner,
             reads: Arc::default(),
+            sweeps: Arc::default(),
             failing_completes: Arc::default(),
             in_progress_claims: None,
             claims_like_reads: None,
@@ -45,9 +49,9 @@ impl<S: Store> WatchedStore<S> {
 }
 
 impl<S: Store> Store for WatchedStore<S> {
-    async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
+    async fn get(&self, scope: &Scope, now: Timestamp) -> Result<Option<Record>> {
         self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.get(scope).await
+        self.inner.get(scope, now).await
     }
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
@@ -66,6 +70,7 @@ impl<S: Store> Store for WatchedStore<S> {
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
+        now: Timestamp,
     ) -> Result<bool> {
         let fail = self
             .failing_completes
@@ -75,16 +80,17 @@ impl<S: Store> Store for WatchedStore<S> {
             let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
             return Err(Error::Unavailable(Box::new(refused)));
         }
-        self.inner.complete(scope, token, response).await
+        self.inner.complete(scope, token, response, now).await
     }
 
     async fn renew(
         &self,
         scope: &Scope,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
+        now: Timestamp,
     ) -> Result<bool> {
-        self.inner.renew(scope, token, lease_until).await
+        self.inner.renew(scope, token, lease, now).await
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
@@ -92,6 +98,7 @@ impl<S: Store> Store for WatchedStore<S> {
     }
 
     async fn sweep(&self, now: Timestamp, batch: u32) -> Result<u64> {
+        self.sweeps.fetch_add(1, Ordering::SeqCst);
         self.inner.sweep(now, batch).await
     }
 

@@ -6,10 +6,15 @@
 
 use std::time::Duration;
 
-use idem_core::{FencingToken, Policy, RecordState, Scope, StoredResponse, Timestamp};
-use idem_store::conformance::{assert_unavailable, fingerprint, scope, sweep_boundary_is_exact};
+use idem_core::{
+    Clock, Decision, FencingToken, Policy, RecordState, Scope, StoredResponse, SystemClock,
+    Timestamp, decide,
+};
+use idem_store::conformance::{assert_unavailable, fingerprint, scope};
 use idem_store::fault_relay::FaultRelay;
-use idem_store::{ClaimOutcome, NewClaim, RedisStore, Store, store_conformance};
+use idem_store::{
+    ClaimOutcome, NewClaim, RedisStore, Store, shared_store_conformance, store_conformance,
+};
 use redis::Commands as _;
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
@@ -78,6 +83,7 @@ async fn fresh_store() -> (RedisStore, TestPrefix) {
 }
 
 store_conformance!(fresh_store());
+shared_store_conformance!(fresh_store());
 
 fn claim(scope: &Scope, token: i64, now: Timestamp) -> NewClaim {
     NewClaim::new(
@@ -98,13 +104,63 @@ fn response(body: &[u8]) -> StoredResponse {
     }
 }
 
-/// Claims `key` at `T0` with token 1 and a lease of twice the retention (a very long call);
-/// the claim made.
-async fn claim_a_long_call(store: &RedisStore, key: &Scope) -> NewClaim {
-    let mut long = claim(key, 1, T0);
-    long.lease_until = T0.plus(Policy::default().retention * 2);
-    assert_eq!(store.claim(&long).await.unwrap(), ClaimOutcome::Claimed);
-    long
+/// A retention or lease the tests wait out.
+const SHORT: Duration = Duration::from_millis(300);
+
+/// The caller's now, by the system's clock.
+fn now() -> Timestamp {
+    SystemClock.now()
+}
+
+/// A claim at the caller's now with `lease` and `retention`.
+fn claim_for(scope: &Scope, token: i64, lease: Duration, retention: Duration) -> NewClaim {
+    let policy = Policy {
+        lease,
+        retention,
+        ..Policy::default()
+    };
+    NewClaim::new(
+        scope.clone(),
+        fingerprint("{}"),
+        FencingToken(token),
+        now(),
+        &policy,
+    )
+}
+
+/// Completes `keys`, each claimed with a [`SHORT`] retention, and returns once every one has
+/// expired by Redis's clock (the last one completed shows it), polling to a deadline.
+async fn completed_and_expired(store: &RedisStore, keys: &[Scope]) {
+    for key in keys {
+        store
+            .claim(&claim_for(key, 1, Policy::default().lease, SHORT))
+            .await
+            .unwrap();
+        assert!(
+            store
+                .complete(key, FencingToken(1), &response(b"{}"), now())
+                .await
+                .unwrap()
+        );
+    }
+    let last = keys.last().expect("some keys");
+    let other = fingerprint(r#"{"other":true}"#);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let at = now();
+        let record = store.get(last, at).await.unwrap().unwrap();
+        if decide(Some(&record), &other, at) == Decision::Expired {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Redis's own clock, in Unix milliseconds.
+fn redis_now(conn: &mut redis::Connection) -> i64 {
+    let (seconds, micros): (i64, i64) = redis::cmd("TIME").query(conn).unwrap();
+    seconds * 1000 + micros / 1000
 }
 
 /// The record's remaining TTL in Redis, in milliseconds.
@@ -148,13 +204,10 @@ async fn claim_race_across_connections_has_one_winner() {
     assert_eq!(winners.len(), 1, "winners: {winners:?}");
     // The record holds the winner's token, whichever connection read it.
     for store in &stores {
-        assert_eq!(
-            store.get(&key).await.unwrap().unwrap().state,
-            RecordState::InProgress {
-                lease_until: T0.plus(Policy::default().lease),
-                token: FencingToken(winners[0])
-            }
-        );
+        assert!(matches!(
+            store.get(&key, T0).await.unwrap().unwrap().state,
+            RecordState::InProgress { token, .. } if token == FencingToken(winners[0])
+        ));
     }
 }
 
@@ -195,35 +248,31 @@ async fn server_lost_after_connect_is_unavailable() {
     );
 
     proxy.cut().await;
-    assert_unavailable(store.get(&key).await);
+    assert_unavailable(store.get(&key, T0).await);
     assert_unavailable(store.claim(&claim(&key, 2, T0)).await);
     assert_unavailable(
         store
-            .complete(&key, FencingToken(1), &response(b"{}"))
+            .complete(&key, FencingToken(1), &response(b"{}"), T0)
             .await,
     );
     assert_unavailable(store.sweep(T0, 10).await);
 }
 
-/// Every record carries a TTL, the time until it becomes sweepable by the caller's clock plus
-/// the slack, however far that clock is from Redis's own; renewing a lease lengthens it.
-/// The guard leaves no key behind.
+/// A record in progress has no TTL and waits in the sweeper's index at `+inf`: its outcome is
+/// unknown until it is resolved, and Redis must not forget it (docs/contract.md §12). Completing
+/// it gives it a TTL of its retention plus the slack and its place in the index, whatever the
+/// caller's clock says (one a century from Redis's, one in 1970). The guard leaves no key
+/// behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn records_carry_a_relative_ttl_and_the_guard_cleans_up() {
+async fn only_completed_records_carry_a_ttl_and_the_guard_cleans_up() {
     let prefix = TestPrefix::new();
     let store = prefix.store().await;
     let policy = Policy::default();
-    let slack = RedisStore::TTL_SLACK;
-    let within = |ttl: i64, expected: Duration| {
-        let expected = expected.as_millis() as i64;
-        // The test's own round trips take a little of it.
-        assert!(
-            ttl > 0 && ttl <= expected && ttl > expected - 60_000,
-            "TTL {ttl} ms, expected about {expected} ms"
-        );
-    };
+    let index = format!("{}:sweep", prefix.prefix);
+    let mut conn = redis::Client::open(url())
+        .and_then(|c| c.get_connection())
+        .unwrap();
 
-    // The clock a century from Redis's, and one in 1970: the TTL is the same duration.
     for (i, now) in [Timestamp(4_900_000_000_000), Timestamp(1_000)]
         .into_iter()
         .enumerate()
@@ -231,33 +280,37 @@ async fn records_carry_a_relative_ttl_and_the_guard_cleans_up() {
         let key = scope("acct_redis", &format!("ttl-key-{i:05}"));
         store.claim(&claim(&key, 1, now)).await.unwrap();
         let redis_key = format!("{}:k:10:acct_redis:ttl-key-{i:05}", prefix.prefix);
-        within(pttl(&redis_key), policy.retention + slack);
+        assert_eq!(pttl(&redis_key), -1, "an unknown outcome must not expire");
+        let score: Option<f64> = conn.zscore(&index, &redis_key).unwrap();
+        assert_eq!(score, Some(f64::INFINITY));
+        assert!(
+            store
+                .renew(&key, FencingToken(1), policy.lease, now)
+                .await
+                .unwrap()
+        );
+        assert_eq!(pttl(&redis_key), -1, "a renewal gives it no TTL");
 
-        // A lease that now runs past the retention moves the TTL with it.
-        let lease_until = now.plus(policy.retention + Duration::from_secs(3600));
+        let completed = redis_now(&mut conn);
         assert!(
             store
-                .renew(&key, FencingToken(1), lease_until)
+                .complete(&key, FencingToken(1), &response(b"{}"), now)
                 .await
                 .unwrap()
         );
-        within(
-            pttl(&redis_key),
-            policy.retention + Duration::from_secs(3600) + slack,
-        );
-        // Completing keeps it (a longer backstop is safe).
+        let expected = (policy.retention + RedisStore::TTL_SLACK).as_millis() as i64;
+        let ttl = pttl(&redis_key);
+        // The test's own round trips take a little of it.
         assert!(
-            store
-                .complete(&key, FencingToken(1), &response(b"{}"))
-                .await
-                .unwrap()
+            ttl <= expected && ttl > expected - 60_000,
+            "TTL {ttl} ms, expected about {expected} ms"
         );
-        assert!(pttl(&redis_key) > 0);
-        // Redis has not expired it, but by the caller's clock its retention is over: it is new.
-        let after = lease_until.plus(Duration::from_millis(1));
-        assert_eq!(
-            store.claim(&claim(&key, 2, after)).await.unwrap(),
-            ClaimOutcome::Claimed
+        let score: Option<f64> = conn.zscore(&index, &redis_key).unwrap();
+        let expires_at = completed + policy.retention.as_millis() as i64;
+        let score = score.expect("in the index") as i64;
+        assert!(
+            (expires_at..expires_at + 60_000).contains(&score),
+            "scored {score}, expected about {expires_at}"
         );
     }
     assert!(!prefix.keys().unwrap().is_empty());
@@ -289,13 +342,13 @@ async fn colons_in_accounts_and_keys_do_not_collide() {
         );
         assert!(
             store
-                .complete(scope, FencingToken(token), &response(&[token as u8]))
+                .complete(scope, FencingToken(token), &response(&[token as u8]), T0)
                 .await
                 .unwrap()
         );
     }
     for (i, scope) in scopes.iter().enumerate() {
-        let record = store.get(scope).await.unwrap().unwrap();
+        let record = store.get(scope, T0).await.unwrap().unwrap();
         assert_eq!(record.scope, *scope);
         assert_eq!(
             record.state,
@@ -321,12 +374,12 @@ async fn binary_bodies_and_extreme_tokens_round_trip() {
         // A token one off (as a double rounds it) is not the holder's.
         assert!(
             !store
-                .renew(&key, FencingToken(token.wrapping_add(1)), T0)
+                .renew(&key, FencingToken(token.wrapping_add(1)), SHORT, T0)
                 .await
                 .unwrap()
         );
         assert!(matches!(
-            store.get(&key).await.unwrap().unwrap().state,
+            store.get(&key, T0).await.unwrap().unwrap().state,
             RecordState::InProgress { token: t, .. } if t == FencingToken(token)
         ));
         let stored = StoredResponse {
@@ -335,80 +388,63 @@ async fn binary_bodies_and_extreme_tokens_round_trip() {
         };
         assert!(
             store
-                .complete(&key, FencingToken(token), &stored)
+                .complete(&key, FencingToken(token), &stored, T0)
                 .await
                 .unwrap()
         );
         assert_eq!(
-            store.get(&key).await.unwrap().unwrap().state,
+            store.get(&key, T0).await.unwrap().unwrap().state,
             RecordState::Completed(stored)
         );
     }
 }
 
-/// The sweeper's boundary is exact to the millisecond, and a record under a lease past its
-/// retention is kept until the lease ends, without standing in the way of the others.
+/// Records in progress, however old (their leases and retentions run out), are never swept
+/// and never stand in front of the completed records the sweeper may delete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sweep_boundaries_and_long_leases() {
-    let (store, _prefix) = fresh_store().await;
-    sweep_boundary_is_exact(&store).await;
-
-    // Five long calls ahead of five finished records, all past retention at `now`.
-    let policy = Policy::default();
-    let now = T0.plus(policy.retention);
+async fn records_in_progress_never_stand_in_the_sweepers_way() {
+    let (store, prefix) = fresh_store().await;
     for i in 0..5 {
-        let mut long = claim(&scope("acct_redis", &format!("long-key-{i:04}")), 1, T0);
-        long.lease_until = now.plus(Duration::from_secs(60));
-        store.claim(&long).await.unwrap();
-    }
-    for i in 0..5 {
-        let key = scope("acct_redis", &format!("done-key-{i:04}"));
+        let key = scope("acct_redis", &format!("unknown-key-{i:04}"));
         store
-            .claim(&claim(&key, 1, T0.plus(Duration::from_secs(1))))
-            .await
-            .unwrap();
-        store
-            .complete(&key, FencingToken(1), &response(b"{}"))
+            .claim(&claim_for(&key, 1, SHORT, SHORT))
             .await
             .unwrap();
     }
-    assert_eq!(
-        store
-            .sweep(now.plus(Duration::from_secs(1)), 5)
-            .await
-            .unwrap(),
-        5
-    );
-    assert_eq!(
-        store
-            .sweep(now.plus(Duration::from_secs(1)), 5)
-            .await
-            .unwrap(),
-        0
-    );
-    // The leases end; so do the long calls.
-    assert_eq!(
-        store
-            .sweep(now.plus(Duration::from_secs(60)), 10)
-            .await
-            .unwrap(),
-        5
-    );
+    let done: Vec<_> = (0..5)
+        .map(|i| scope("acct_redis", &format!("done-key-{i:04}")))
+        .collect();
+    completed_and_expired(&store, &done).await;
+    assert_eq!(store.sweep(now(), 5).await.unwrap(), 5);
+    assert_eq!(store.sweep(now(), 5).await.unwrap(), 0);
+    for i in 0..5 {
+        let key = scope("acct_redis", &format!("unknown-key-{i:04}"));
+        assert!(store.get(&key, now()).await.unwrap().is_some());
+    }
+    let mut conn = redis::Client::open(url())
+        .and_then(|c| c.get_connection())
+        .unwrap();
+    let waiting: u64 = conn
+        .zcount(format!("{}:sweep", prefix.prefix), "+inf", "+inf")
+        .unwrap();
+    assert_eq!(waiting, 5, "the records in progress, counted");
 }
 
-/// An in-progress record past its retention whose lease still runs holds its key against any
-/// claim, the same request's or another's.
+/// An in-progress record past its retention holds its key against any claim, the same
+/// request's or another's, while its lease runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_live_lease_past_retention_holds_the_key() {
     let (store, _prefix) = fresh_store().await;
-    let policy = Policy::default();
     let key = scope("acct_redis", "long-call-0001");
-    claim_a_long_call(&store, &key).await;
+    let long = claim_for(&key, 1, Duration::from_secs(600), SHORT);
+    assert_eq!(store.claim(&long).await.unwrap(), ClaimOutcome::Claimed);
+    // Claimed after it with the same retention: once expired, so is the long call's.
+    completed_and_expired(&store, &[scope("acct_redis", "done-key-0001")]).await;
 
-    let now = T0.plus(policy.retention);
-    let mut other = claim(&key, 2, now);
+    let at = now();
+    let mut other = claim(&key, 2, at);
     other.fingerprint = fingerprint(r#"{"other":true}"#);
-    for attempt in [claim(&key, 3, now), other] {
+    for attempt in [claim(&key, 3, at), other] {
         match store.claim(&attempt).await.unwrap() {
             ClaimOutcome::Existing(record) => assert!(matches!(
                 record.state,
@@ -423,72 +459,83 @@ async fn a_live_lease_past_retention_holds_the_key() {
 }
 
 /// The sweeper checks each record's stored state, not only its index entry: an entry that
-/// says "due" for a record under a live lease deletes nothing and is given its true time.
+/// says "due" for a record in progress deletes nothing and is given its true place, `+inf`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sweep_trusts_the_record_over_the_index() {
     let (store, prefix) = fresh_store().await;
-    let policy = Policy::default();
     let key = scope("acct_redis", "long-call-0002");
-    let long = claim_a_long_call(&store, &key).await;
+    store.claim(&claim(&key, 1, T0)).await.unwrap();
 
     let index = format!("{}:sweep", prefix.prefix);
     let record = format!("{}:k:10:acct_redis:long-call-0002", prefix.prefix);
     let mut conn = redis::Client::open(url())
         .and_then(|c| c.get_connection())
         .unwrap();
-    let score: Option<i64> = conn.zscore(&index, &record).unwrap();
-    assert_eq!(score, Some(long.lease_until.0));
     let () = conn.zadd(&index, &record, 0).unwrap();
 
-    let now = T0.plus(policy.retention);
-    assert_eq!(store.sweep(now, 10).await.unwrap(), 0);
-    assert!(store.get(&key).await.unwrap().is_some());
-    let score: Option<i64> = conn.zscore(&index, &record).unwrap();
-    assert_eq!(score, Some(long.lease_until.0));
+    assert_eq!(store.sweep(T0, 10).await.unwrap(), 0);
+    assert!(store.get(&key, T0).await.unwrap().is_some());
+    let score: Option<f64> = conn.zscore(&index, &record).unwrap();
+    assert_eq!(score, Some(f64::INFINITY));
 }
 
-/// Without a sweeper the index stays bounded: the first claim of each second drops entries
-/// more than the slack past their time (Redis has expired their records by then, by its own
-/// clock), and the claims in between leave the index alone. The record itself is left to its
-/// TTL, and by the caller's clock it is expired all the same.
+/// Without a sweeper the index stays bounded: the first claim of each second (by the callers'
+/// clock, which only paces it) drops entries more than the slack past their time by Redis's
+/// clock (Redis has expired their records by then), and the claims in between leave the index
+/// alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn claims_trim_the_index_past_the_slack() {
     let (store, prefix) = fresh_store().await;
-    let retention = Policy::default().retention;
-    let old = scope("acct_redis", "old-key-00001");
-    store.claim(&claim(&old, 1, T0)).await.unwrap();
     let index = format!("{}:sweep", prefix.prefix);
     let mut conn = redis::Client::open(url())
         .and_then(|c| c.get_connection())
         .unwrap();
+    let slack = RedisStore::TTL_SLACK.as_millis() as i64;
+    // Entries of records Redis has expired: one past the slack, one within it.
+    let redis_now = redis_now(&mut conn);
+    let () = conn
+        .zadd(&index, "gone-past", redis_now - slack - 60_000)
+        .unwrap();
+    let () = conn
+        .zadd(&index, "gone-within", redis_now - slack + 600_000)
+        .unwrap();
 
-    // Within the slack the entry stays, for the sweeper.
-    let within = T0.plus(retention + RedisStore::TTL_SLACK);
     store
-        .claim(&claim(&scope("acct_redis", "new-key-00001"), 1, within))
+        .claim(&claim(&scope("acct_redis", "new-key-00001"), 1, T0))
         .await
         .unwrap();
-    let entries: u64 = conn.zcard(&index).unwrap();
-    assert_eq!(entries, 2);
+    let left: Vec<String> = conn.zrange(&index, 0, -1).unwrap();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(!left.contains(&"gone-past".to_owned()), "{left:?}");
 
     // Past the slack, but within a second of the last trim: left for the next one.
-    let soon = within.plus(Duration::from_millis(1));
+    let () = conn
+        .zadd(&index, "gone-past-2", redis_now - slack - 60_000)
+        .unwrap();
     store
-        .claim(&claim(&scope("acct_redis", "new-key-00002"), 1, soon))
+        .claim(&claim(
+            &scope("acct_redis", "new-key-00002"),
+            1,
+            T0.plus(Duration::from_millis(1)),
+        ))
         .await
         .unwrap();
     let entries: u64 = conn.zcard(&index).unwrap();
-    assert_eq!(entries, 3, "no trim within a second of the last");
+    assert_eq!(entries, 4, "no trim within a second of the last");
 
-    let past = within.plus(Duration::from_secs(1));
     store
-        .claim(&claim(&scope("acct_redis", "new-key-00003"), 1, past))
+        .claim(&claim(
+            &scope("acct_redis", "new-key-00003"),
+            1,
+            T0.plus(Duration::from_secs(1)),
+        ))
         .await
         .unwrap();
-    let entries: u64 = conn.zcard(&index).unwrap();
-    assert_eq!(entries, 3, "the old entry is gone, the new ones stay");
+    let left: Vec<String> = conn.zrange(&index, 0, -1).unwrap();
     assert_eq!(
-        store.claim(&claim(&old, 2, past)).await.unwrap(),
-        ClaimOutcome::Claimed
+        left.len(),
+        4,
+        "the old entry is gone, the new ones stay: {left:?}"
     );
+    assert!(left.contains(&"gone-within".to_owned()));
 }

@@ -36,8 +36,10 @@ async fn the_conformance_suite_passes_on_a_cluster() {
     conformance::fencing_token_guards_the_outcome(store_on(&cluster, "fenced").await).await;
     conformance::lease_expiry_and_renewal(store_on(&cluster, "lease").await).await;
     conformance::retention_and_release(store_on(&cluster, "retention").await).await;
+    conformance::an_unknown_outcome_never_expires(store_on(&cluster, "unknown").await).await;
     conformance::sweep_deletes_expired_in_batches(store_on(&cluster, "sweep").await).await;
-    conformance::sweep_boundary_is_exact(&store_on(&cluster, "boundary").await).await;
+    conformance::times_are_kept_to_the_millisecond(store_on(&cluster, "exact").await).await;
+    conformance::a_caller_clock_minutes_off_changes_nothing(store_on(&cluster, "skew").await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -45,23 +47,22 @@ async fn records_spread_over_every_primary_and_the_sweeper_reaches_them_all() {
     let cluster = RedisCluster::start(3, 1);
     let store = store_on(&cluster, "spread").await;
     let policy = Policy {
-        retention: Duration::from_secs(60),
+        retention: Duration::from_millis(300),
         ..Policy::default()
     };
-    let now = Timestamp(1_800_000_000_000);
     for i in 0..300 {
         let key = scope("acct", &format!("spread-{i:04}"));
         let claim = NewClaim::new(
             key.clone(),
             fingerprint("{}"),
             FencingToken(1),
-            now,
+            now(),
             &policy,
         );
         assert_eq!(store.claim(&claim).await.unwrap(), ClaimOutcome::Claimed);
         assert!(
             store
-                .complete(&key, FencingToken(1), &response("x"))
+                .complete(&key, FencingToken(1), &response("x"), now())
                 .await
                 .unwrap()
         );
@@ -78,14 +79,26 @@ async fn records_spread_over_every_primary_and_the_sweeper_reaches_them_all() {
         held.iter().all(|&(_, keys)| keys > 0),
         "keys on every primary: {held:?}"
     );
-    // Past their retention, one sweep pass per batch deletes them all, wherever they are.
-    let later = now.plus(Duration::from_secs(61));
-    let swept = idem_store::sweep_all(&store, later, 100).await.unwrap();
+    // Past their retention (the last one completed shows it, by its node's clock), one sweep
+    // pass per batch deletes them all, wherever they are.
+    let last = scope("acct", "spread-0299");
+    let other = fingerprint(r#"{"other":true}"#);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let at = now();
+        let record = store.get(&last, at).await.unwrap().unwrap();
+        if idem_core::decide(Some(&record), &other, at) == idem_core::Decision::Expired {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never expired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let swept = idem_store::sweep_all(&store, now(), 100).await.unwrap();
     assert_eq!(swept, 300);
     for i in 0..300 {
         assert_eq!(
             store
-                .get(&scope("acct", &format!("spread-{i:04}")))
+                .get(&scope("acct", &format!("spread-{i:04}")), now())
                 .await
                 .unwrap(),
             None
@@ -223,7 +236,7 @@ impl Load {
                 }
                 let started = Instant::now();
                 match store
-                    .complete(&key, FencingToken(1), &response(&body))
+                    .complete(&key, FencingToken(1), &response(&body), now())
                     .await
                 {
                     Ok(true) => {
@@ -335,7 +348,9 @@ async fn try_claim(store: &RedisStore, key: Scope) -> Result<bool, Option<String
     let answer = match store.claim(&claim).await {
         Ok(outcome) => {
             assert_eq!(outcome, ClaimOutcome::Claimed, "a fresh probe key was held");
-            store.complete(&key, FencingToken(1), &response("{}")).await
+            store
+                .complete(&key, FencingToken(1), &response("{}"), now())
+                .await
         }
         Err(e) => Err(e),
     };
@@ -481,13 +496,21 @@ async fn losses_after_failover(store: &RedisStore, report: &FailoverReport) -> L
         claimed_again: 0,
     };
     for (key, body) in &report.acknowledged {
-        match store.get(key).await.expect("read after the failover") {
+        match store
+            .get(key, now())
+            .await
+            .expect("read after the failover")
+        {
             Some(record) if record.state == RecordState::Completed(response(body)) => {}
             _ => losses.acknowledged += 1,
         }
     }
     for key in &report.held {
-        match store.get(key).await.expect("read after the failover") {
+        match store
+            .get(key, now())
+            .await
+            .expect("read after the failover")
+        {
             Some(record) if matches!(record.state, RecordState::InProgress { .. }) => {
                 let again = probe_claim(key.clone(), 2);
                 let outcome = store.claim(&again).await.expect("claim after the failover");

@@ -12,13 +12,14 @@ use idem_store::fault_relay::FaultRelay;
 use idem_store::testing::PgTestDatabase;
 use idem_store::{
     ClaimOutcome, Store, TokioPgStore, TokioPgTx, TransactionalStore, TxClaim, admin_conformance,
-    store_conformance, transactional_conformance,
+    shared_admin_conformance, shared_store_conformance, store_conformance,
+    transactional_conformance,
 };
 
 mod common;
 
 use common::pg::{
-    LONG_WAIT, PgTestStore, begin_claimed, claim, pg_transaction_tests, response, scope,
+    LONG_WAIT, PgTestStore, T0, begin_claimed, claim, pg_transaction_tests, response, scope,
 };
 
 async fn fresh_store() -> (TokioPgStore, PgTestDatabase) {
@@ -32,6 +33,8 @@ async fn fresh_store() -> (TokioPgStore, PgTestDatabase) {
 store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
 admin_conformance!(fresh_store());
+shared_store_conformance!(fresh_store());
+shared_admin_conformance!(fresh_store());
 pg_transaction_tests!(TokioPgStore);
 
 /// The handler's writes commit with the key's response, in one transaction: a business row
@@ -57,7 +60,7 @@ async fn handler_writes_commit_and_roll_back_with_the_key() {
         .await
         .unwrap();
     assert_eq!(notes, ["kept"]);
-    assert!(store.get(&undone).await.unwrap().is_none());
+    assert!(store.get(&undone, T0).await.unwrap().is_none());
 }
 
 /// The response is stored only in the transaction's own key row. When the handler deleted that
@@ -237,7 +240,7 @@ async fn lease_mode_runs_on_the_same_records() {
         store.claim(&claim(&key, 1)).await.unwrap(),
         ClaimOutcome::Claimed
     );
-    assert!(store.pg_store().get(&key).await.unwrap().is_some());
+    assert!(store.pg_store().get(&key, T0).await.unwrap().is_some());
     let found = store.begin_claim(&claim(&key, 2), LONG_WAIT).await.unwrap();
     assert!(matches!(found, TxClaim::Existing(_)), "got {found:?}");
 }

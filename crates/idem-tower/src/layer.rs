@@ -26,6 +26,7 @@ use crate::claim::Claim;
 use crate::mode::{LeaseMode, Mode, TransactionMode};
 use crate::response::{Refusal, Refused, Served, answer, store_unavailable};
 use crate::section::{Panicked, Section};
+use crate::sweep::{DEFAULT_SWEEP_EVERY, Sweeper};
 use crate::{OutcomeSignal, Reconciliation};
 
 /// Finds the account a request acts for, or says why there is none.
@@ -66,6 +67,8 @@ pub struct IdempotencyLayer<M> {
     key_source: Arc<KeySource>,
     /// What of a JSON body the fingerprint covers.
     body_selection: Arc<BodySelection>,
+    /// Deletes expired records; shared by every clone.
+    sweeper: Sweeper,
 }
 
 /// Where a request's key is found.
@@ -109,6 +112,7 @@ impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
             .field("errors", &self.errors)
             .field("key_source", &self.key_source)
             .field("body_selection", &self.body_selection)
+            .field("sweeper", &self.sweeper)
             .finish_non_exhaustive()
     }
 }
@@ -128,6 +132,7 @@ impl<M: Mode> IdempotencyLayer<M> {
             errors: ErrorDialect::Problem,
             key_source: Arc::default(),
             body_selection: Arc::default(),
+            sweeper: Sweeper::every(DEFAULT_SWEEP_EVERY),
         }
     }
 
@@ -264,6 +269,22 @@ impl<M: Mode> IdempotencyLayer<M> {
     /// request one round trip longer: for APIs whose requests are mostly retries.
     pub fn with_replay_read(mut self) -> Self {
         self.replay_read = true;
+        self
+    }
+
+    /// Deletes expired records every `every` (default a minute), in the background, from
+    /// the layer's first request on: one sweeper for the layer and all its clones, which ends
+    /// with the last of them (see [`spawn_sweeper`](crate::spawn_sweeper) for how it sweeps).
+    pub fn with_sweep_every(mut self, every: Duration) -> Self {
+        self.sweeper = Sweeper::every(every);
+        self
+    }
+
+    /// Runs no sweeper: expired records stay until something else deletes them (a
+    /// [`spawn_sweeper`](crate::spawn_sweeper) of the app's own, another service on the same
+    /// store). Without any, the key table grows for ever.
+    pub fn without_sweeper(mut self) -> Self {
+        self.sweeper = Sweeper::off();
         self
     }
 
@@ -410,6 +431,9 @@ where
         if !self.layer.policy.covers(request.method().as_str()) {
             return ResponseFuture::passthrough(self.inner.call(request));
         }
+        self.layer
+            .sweeper
+            .start(self.layer.mode.store(), &self.layer.clock);
         // The ready service goes with the request; a fresh clone waits for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
@@ -748,7 +772,10 @@ async fn replay_read<St: Store, B: From<Bytes>>(
     fingerprint: &Fingerprint,
     now: Timestamp,
 ) -> Result<(), Response<B>> {
-    let existing = store.get(scope).await.map_err(|e| store_unavailable(&e))?;
+    let existing = store
+        .get(scope, now)
+        .await
+        .map_err(|e| store_unavailable(&e))?;
     let decision = decide(existing.as_ref(), fingerprint, now);
     if let Decision::Replay(_) | Decision::Mismatch = decision
         && let Some(settled) = answer(&decision, scope, None)

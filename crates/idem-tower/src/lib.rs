@@ -24,6 +24,11 @@
 //! every other caller ([`IdempotencyLayer::with_account`] and
 //! [`IdempotencyLayer::with_shared_anonymous_scope`] change that).
 //!
+//! The layer also keeps the store tidy: from its first request on, a sweeper deletes the
+//! completed records past their retention every minute
+//! ([`with_sweep_every`](IdempotencyLayer::with_sweep_every),
+//! [`without_sweeper`](IdempotencyLayer::without_sweeper)).
+//!
 //! In transaction mode the handler writes through the transaction the layer opened ([`Tx`]),
 //! so the key and the business rows commit together:
 //!
@@ -77,6 +82,7 @@ mod reconcile;
 mod response;
 mod section;
 mod signal;
+mod sweep;
 
 #[cfg(feature = "axum")]
 mod extract;
@@ -90,3 +96,4 @@ pub use outcome::Outcome;
 pub use reconcile::Reconciliation;
 pub use response::{IDEMPOTENT_REPLAY, IDEMPOTENT_REPLAYED};
 pub use signal::OutcomeSignal;
+pub use sweep::{DEFAULT_SWEEP_EVERY, spawn_sweeper};

@@ -367,8 +367,12 @@ impl<St: Store> LeaseMode<St> {
     /// over.
     async fn renewing_lease<T>(&self, claim: &Claim, work: impl Future<Output = T>) -> T {
         renew_while(claim.policy.lease / 3, work, || async {
-            let until = claim.clock.now().plus(claim.policy.lease_hold());
-            match self.store.renew(claim.scope(), claim.token(), until).await {
+            let (hold, now) = (claim.policy.lease_hold(), claim.clock.now());
+            match self
+                .store
+                .renew(claim.scope(), claim.token(), hold, now)
+                .await
+            {
                 Ok(true) => {}
                 Ok(false) => tracing::warn!(
                     key = %claim.scope().log_label(),
@@ -392,8 +396,9 @@ impl<St: Store> LeaseMode<St> {
     ) -> Response<B> {
         let stored_ok = match outcome {
             Outcome::Store => {
+                let now = claim.clock.now();
                 self.store
-                    .complete(claim.scope(), claim.token(), &stored)
+                    .complete(claim.scope(), claim.token(), &stored, now)
                     .await
             }
             Outcome::Release => self.store.release(claim.scope(), claim.token()).await,
@@ -520,8 +525,9 @@ async fn outcome_unknown<St: Store>(
 ) -> (idem_store::Result<bool>, Duration) {
     match reconciliation {
         Some(schedule) => {
+            let now = claim.clock.now();
             let ended = store
-                .renew(claim.scope(), claim.token(), claim.clock.now())
+                .renew(claim.scope(), claim.token(), Duration::ZERO, now)
                 .await;
             schedule.request_pass();
             (ended, schedule.retry_after())
@@ -544,7 +550,11 @@ async fn store_outcome_later<St: Store>(
     let mut pause = Duration::from_millis(100);
     loop {
         tokio::time::sleep(pause).await;
-        match store.complete(claim.scope(), claim.token(), &stored).await {
+        let now = claim.clock.now();
+        match store
+            .complete(claim.scope(), claim.token(), &stored, now)
+            .await
+        {
             Ok(true) => {
                 tracing::info!(key = %label, "stored the outcome on a later try");
                 if let Some(signal) = &signal {

@@ -295,11 +295,15 @@ impl App {
     /// The records whose lease has run out by the clock's now: what a reconciler looks at.
     async fn lease_expired(&self) -> Vec<Record> {
         use idem_store::{AdminStore, RecordFilter};
+        let now = self.clock.now();
         self.store
-            .list(&RecordFilter {
-                lease_expired_by: Some(self.clock.now()),
-                ..Default::default()
-            })
+            .list(
+                &RecordFilter {
+                    lease_expired_by: Some(now),
+                    ..Default::default()
+                },
+                now,
+            )
             .await
             .unwrap()
     }
@@ -545,7 +549,9 @@ async fn a_client_hanging_up_does_not_cancel_the_work() {
         let scope = test_scope(b"hangup-key-0001");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let record = idem_store::Store::get(&app.store, &scope).await.unwrap();
+            let record = idem_store::Store::get(&app.store, &scope, app.clock.now())
+                .await
+                .unwrap();
             if record
                 .as_ref()
                 .is_some_and(|r| matches!(r.state, idem_core::RecordState::Completed(_)))
@@ -860,7 +866,7 @@ async fn without_takeover_an_expired_lease_waits_for_reconciliation() {
     };
     assert!(
         app.store
-            .force_complete(&stale[0].scope, &outcome)
+            .force_complete(&stale[0].scope, &outcome, app.clock.now())
             .await
             .unwrap()
     );
@@ -941,7 +947,7 @@ async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
         .await
         .expect("the outcome was stored on a later try");
     assert!(matches!(
-        idem_store::Store::get(&store.inner, &scope)
+        idem_store::Store::get(&store.inner, &scope, Clock::now(&idem_core::SystemClock))
             .await
             .unwrap()
             .unwrap()
@@ -1036,4 +1042,144 @@ async fn without_the_replay_read_nothing_is_read_before_the_claim() {
         };
         assert_eq!(store.reads.load(Ordering::SeqCst), expected);
     }
+}
+
+/// An outcome nobody knows never expires into a fresh claim (docs/contract.md §12): past its
+/// lease and its retention, the retry of a request whose outcome is unknown is still told
+/// `409 outcome-unknown`, and a different request under its key `422`; the work never runs
+/// again. Resolved at last, the record is kept for a whole retention from the resolution.
+#[tokio::test]
+async fn an_unknown_outcome_is_409_after_its_retention() {
+    use idem_store::AdminStore;
+    let retention = Duration::from_secs(3600);
+    let app = start(Kind::LeaseWithoutTakeover, |p| p.retention = retention).await;
+    app.answered("unknown-key-old", 504).await;
+    app.clock.advance(retention * 2);
+    let (status, headers, problem) = app.answering("unknown-key-old", 504).await;
+    assert_eq!(status, 409);
+    assert!(headers.get("retry-after").is_some());
+    assert_eq!(problem_type(&problem), "urn:idem:problem:outcome-unknown");
+    let (status, _, problem) = app.answering("unknown-key-old", 201).await;
+    assert_eq!(status, 422, "a different request may not claim it afresh");
+    assert_eq!(problem_type(&problem), "urn:idem:problem:mismatch");
+    assert_eq!(app.calls(), 1, "never run again");
+    // The sweeper leaves it too.
+    let swept = idem_store::sweep_all(&app.store, app.clock.now(), 100)
+        .await
+        .unwrap();
+    assert_eq!(swept, 0);
+
+    // Resolved two retentions after its claim, it replays for a retention from then.
+    let stale = app.lease_expired().await;
+    assert_eq!(stale.len(), 1);
+    let outcome = idem_core::StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), "text/plain".into())],
+        body: b"reconciled".to_vec(),
+        body_omitted: false,
+    };
+    assert!(
+        app.store
+            .force_complete(&stale[0].scope, &outcome, app.clock.now())
+            .await
+            .unwrap()
+    );
+    app.clock.advance(retention - Duration::from_secs(1));
+    let (status, headers, body) = app.answering("unknown-key-old", 504).await;
+    assert_eq!((status, &body[..]), (201, &b"reconciled"[..]));
+    assert!(replayed(&headers));
+    app.clock.advance(Duration::from_secs(1));
+    app.answered("unknown-key-old", 201).await;
+    assert_eq!(
+        app.calls(),
+        2,
+        "a new request, once the retention from the resolution ended"
+    );
+}
+
+/// With takeover, the same request takes an unknown outcome over once its lease has run out
+/// (the work passes the key downstream, which dedupes), but past its retention a different
+/// request under the key is still refused: the key is not new.
+#[tokio::test]
+async fn past_its_retention_an_unknown_outcome_is_still_no_new_key() {
+    let retention = Duration::from_secs(3600);
+    let app = start(Kind::Lease, |p| p.retention = retention).await;
+    app.answered("unknown-key-new", 502).await;
+    app.clock.advance(retention * 2);
+    let (status, _, problem) = app.answering("unknown-key-new", 201).await;
+    assert_eq!(status, 422, "claimed afresh: {problem:?}");
+    assert_eq!(app.calls(), 1);
+    app.answered("unknown-key-new", 502).await;
+    assert_eq!(app.calls(), 2, "taken over by the same request");
+}
+
+/// Housekeeping comes with the layer (docs/contract.md §12): with no code of the app's, a
+/// layer sweeps the records past their retention, from its first request on, once for all the
+/// routes it was cloned onto; `without_sweeper` leaves them. Two apps side by side on stores of
+/// their own: once the sweeping one has deleted its record and swept a few times more, the
+/// other has had as long, and has swept nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_sweeps_expired_records_unless_told_not_to() {
+    let clock = ManualClock::new(Timestamp(1_800_000_000_000));
+    let policy = Policy {
+        retention: Duration::from_secs(3600),
+        ..Policy::default()
+    };
+    let (sweeping_store, _sweeping_dir) = sqlite_store().await;
+    let (idle_store, _idle_dir) = sqlite_store().await;
+    let (sweeping_store, idle_store) = (
+        WatchedStore::new(sweeping_store),
+        WatchedStore::new(idle_store),
+    );
+    let app = |layer| {
+        let made = || async { (StatusCode::CREATED, "made") };
+        Router::new()
+            .route("/work", routing::post(made))
+            .route("/other", routing::post(made))
+            .layer(layer)
+    };
+    let sweeping = serve(app(IdempotencyLayer::leased(sweeping_store.clone())
+        .with_policy(policy.clone())
+        .with_clock(clock.clone())
+        .with_sweep_every(Duration::from_millis(50))))
+    .await;
+    let idle = serve(app(IdempotencyLayer::leased(idle_store.clone())
+        .with_policy(policy)
+        .with_clock(clock.clone())
+        .without_sweeper()))
+    .await;
+    let client = reqwest::Client::new();
+    for url in [&sweeping, &idle] {
+        let made = post(&client, url, Some("swept-key-0001"), "{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(made.status(), 201);
+    }
+    let scope = test_scope(b"swept-key-0001");
+    let record = |store: &WatchedStore<SqliteStore>| {
+        let (store, scope, now) = (store.inner.clone(), scope.clone(), clock.now());
+        async move { idem_store::Store::get(&store, &scope, now).await.unwrap() }
+    };
+    assert!(record(&sweeping_store).await.is_some());
+
+    clock.advance(Duration::from_secs(2 * 3600));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while record(&sweeping_store).await.is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "never swept");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sweeps = sweeping_store.sweeps.load(Ordering::SeqCst);
+    while sweeping_store.sweeps.load(Ordering::SeqCst) < sweeps + 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sweeper stopped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(idle_store.sweeps.load(Ordering::SeqCst), 0);
+    assert!(
+        record(&idle_store).await.is_some(),
+        "swept without a sweeper"
+    );
 }

@@ -211,7 +211,8 @@ impl<St: Store> App<St> {
             AccountId::new(ACCOUNT),
             IdempotencyKey::parse(KEY.as_bytes(), KeyLimits::default()).unwrap(),
         );
-        self.store.get(&scope).await.unwrap()
+        let now = idem_core::Clock::now(&idem_core::SystemClock);
+        self.store.get(&scope, now).await.unwrap()
     }
 
     async fn stored(&self) -> StoredResponse {

@@ -186,7 +186,7 @@ impl ServeConfig {
             fault_pause_after_publish: false,
             replay_read: None,
             db_pool_size: idem_store::DEFAULT_POOL_SIZE,
-            sweep_every: crate::sweeper::EVERY,
+            sweep_every: idem_tower::DEFAULT_SWEEP_EVERY,
         }
     }
 

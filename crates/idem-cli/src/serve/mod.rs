@@ -119,9 +119,10 @@ async fn serve_on<B: Backend>(
     let addr = listener.local_addr()?;
     tracing::info!(%addr, database = %redact(&config.database), "idem serve listening");
 
-    // The sweeper: every instance may run it; each statement deletes at most 1,000 rows.
+    // The sweeper, from the start (the layers run none of their own: both cover this one
+    // store). Every instance may run it; each statement deletes at most 1,000 rows.
     let sweeper =
-        crate::sweeper::spawn(app.store.clone(), config.clock.clone(), config.sweep_every);
+        idem_tower::spawn_sweeper(app.store.clone(), config.clock.clone(), config.sweep_every);
     let reconciler = payouts::spawn_reconciler(&app);
     let mut background = vec![sweeper.abort_handle(), reconciler.abort_handle()];
     // A relay pass cut short leaves its rows pending (PostgreSQL rolls back): the next start
@@ -157,12 +158,14 @@ async fn start_fake_provider() -> anyhow::Result<String> {
 impl<B: Backend> App<B> {
     fn router(&self, config: &ServeConfig) -> Router {
         let mut idempotency = IdempotencyLayer::transactional(self.store.clone())
+            .without_sweeper()
             .with_policy(config.policy.clone())
             .with_policy_link(POLICY_PATH)
             .with_clock(config.clock.clone());
         // Payouts call the provider: lease mode, and a crashed worker's payout is reconciled
         // with the provider rather than run again.
         let mut leased = IdempotencyLayer::leased(self.store.clone())
+            .without_sweeper()
             .without_takeover()
             .with_reconciliation(self.reconciliation.clone());
         if !config.wait_for_outcome.is_zero() {

@@ -200,17 +200,23 @@ pub(crate) async fn reconcile<B: Backend>(
     clock: &dyn Clock,
     signal: &idem_tower::OutcomeSignal,
 ) -> anyhow::Result<usize> {
+    // Run out by the store's clock, whatever this instance's says: so the lease covers the
+    // provider timeout as the store counts it, and a call it covers cannot still be running.
+    let now = clock.now();
     let stale = store
-        .list(&RecordFilter {
-            in_progress: Some(true),
-            lease_expired_by: Some(clock.now()),
-            limit: 100,
-            ..Default::default()
-        })
+        .list(
+            &RecordFilter {
+                in_progress: Some(true),
+                lease_expired_by: Some(now),
+                limit: 100,
+                ..Default::default()
+            },
+            now,
+        )
         .await?;
     let mut resolved = 0;
     for record in stale {
-        let result = reconcile_one(store, provider, &record).await;
+        let result = reconcile_one(store, provider, &record, clock).await;
         tracing::info!(key = %record.scope.log_label(), ?result, "reconciled a stale payout");
         if result != Reconciled::Unknown {
             resolved += 1;
@@ -225,6 +231,7 @@ async fn reconcile_one<B: Backend>(
     store: &B,
     provider: &Provider,
     record: &idem_core::Record,
+    clock: &dyn Clock,
 ) -> Reconciled {
     let idem_core::RecordState::InProgress { token, .. } = record.state else {
         return Reconciled::Unknown;
@@ -248,7 +255,10 @@ async fn reconcile_one<B: Backend>(
                 body,
                 body_omitted: false,
             };
-            match store.complete(&record.scope, token, &stored).await {
+            match store
+                .complete(&record.scope, token, &stored, clock.now())
+                .await
+            {
                 Ok(true) => Reconciled::Completed,
                 _ => Reconciled::Unknown,
             }

@@ -236,6 +236,9 @@ mod tests {
     use crate::testing::{PgTestDatabase, with_hosts};
     use crate::{ClaimOutcome, Error, NewClaim, PgStore, Store, is_unavailable};
 
+    /// The tests' clock, standing still: what they read needs no time to pass.
+    const T0: Timestamp = Timestamp(1_800_000_000_000);
+
     /// Far above the time a search takes to find a host that answers at once.
     const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -256,12 +259,11 @@ mod tests {
             body: b"{}",
         })
         .expect("valid test body");
-        let now = Timestamp(1_800_000_000_000);
         NewClaim::new(
             scope.clone(),
             fingerprint,
             FencingToken(1),
-            now,
+            T0,
             &Policy::default(),
         )
     }
@@ -326,7 +328,7 @@ mod tests {
         let url = with_hosts(db.url(), &[refusing_host(), writable.addr()], "");
         let store = PgStore::connect(&url).await.unwrap();
         assert_eq!(store.primary_moves().map(|moves| *moves.borrow()), Some(1));
-        assert_eq!(store.get(&scope("first-writable")).await.unwrap(), None);
+        assert_eq!(store.get(&scope("first-writable"), T0).await.unwrap(), None);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,14 +348,17 @@ mod tests {
 
         a.cut().await;
         // The statement that finds the host gone answers unavailable and sets off the search.
-        assert!(matches!(store.get(&key).await, Err(Error::Unavailable(_))));
+        assert!(matches!(
+            store.get(&key, T0).await,
+            Err(Error::Unavailable(_))
+        ));
         tokio::time::timeout(PATIENCE, moves.changed())
             .await
             .expect("a move")
             .unwrap();
         assert_eq!(*moves.borrow(), 1);
         let record = store
-            .get(&key)
+            .get(&key, T0)
             .await
             .unwrap()
             .expect("the record, through b");
@@ -376,7 +381,7 @@ mod tests {
         set_read_only(&db, false).await;
         let store = PgStore::connect(&url).await.unwrap();
         let key = scope("read-only-0001");
-        assert_eq!(store.get(&key).await.unwrap(), None);
+        assert_eq!(store.get(&key, T0).await.unwrap(), None);
         // The primary turns read-only and its sessions end (a demotion): the pool's new
         // connections are refused, so no statement runs on a node that takes no writes.
         set_read_only(&db, true).await;
@@ -385,7 +390,7 @@ mod tests {
         // wait for a new one runs out, since every one the pool opens is refused.
         let mut ended = 0;
         loop {
-            match store.get(&key).await {
+            match store.get(&key, T0).await {
                 Err(Error::Unavailable(e))
                     if matches!(e.downcast_ref(), Some(sqlx::Error::PoolTimedOut)) =>
                 {
@@ -396,7 +401,7 @@ mod tests {
             }
         }
         set_read_only(&db, false).await;
-        assert_eq!(store.get(&key).await.unwrap(), None);
+        assert_eq!(store.get(&key, T0).await.unwrap(), None);
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! sweeps and admin writes take the pool between groups. Writers queue, fairly, instead of
 //! spinning on `SQLITE_BUSY`; `busy_timeout` still covers another process opening the same
 //! file.
+//!
+//! Its clock is its callers': an SQLite file is used by one machine, so the `now` each
+//! operation is given is the store's now (see [One clock](crate#one-clock-the-stores)).
 
 use std::path::Path;
 use std::str::FromStr;
@@ -42,9 +45,10 @@ pub struct SqliteStore {
     committer: GroupCommitter,
 }
 
-// Claims a key if no record holds it, or replaces a record the claim may replace (past its
-// retention and not held by a live lease; or, if allowed, a stale claim of the same request).
-// One statement, so two claims can never both win. (A macro, so that `concat!` can prefix it.)
+// Claims a key if no record holds it, or replaces a record the claim may replace (completed and
+// past its retention; or, if allowed, a stale claim of the same request; never an in-progress
+// record for its age). One statement, so two claims can never both win. (A macro, so that
+// `concat!` can prefix it.)
 macro_rules! claim_sql {
     () => {
         concat!(
@@ -53,8 +57,7 @@ INSERT INTO idempotency_keys
     (account_id, idem_key, request_hash, status, created_at, expires_at, lease_until, fencing_token)
 VALUES (?1, ?2, ?3, 'in_progress', ?4, ?5, ?6, ?7)",
             crate::sql::claim_replaces_with!(),
-            "WHERE (idempotency_keys.expires_at <= ?4
-       AND NOT (idempotency_keys.status = 'in_progress' AND idempotency_keys.lease_until > ?4))
+            "WHERE (idempotency_keys.status = 'completed' AND idempotency_keys.expires_at <= ?4)
    OR (?8 AND idempotency_keys.status = 'in_progress'
        AND idempotency_keys.lease_until <= ?4
        AND idempotency_keys.request_hash = ?3)
@@ -74,13 +77,15 @@ FROM idempotency_keys WHERE account_id = ?1 AND idem_key = ?2";
 
 // Completes an in-progress record: the one the claim holding the token ?3 holds, or, with ?3
 // NULL, whatever claim holds it (an operator's `force_complete`). One statement, so the token
-// is matched by the write itself.
+// is matched by the write itself. At ?8, the completion's time, the retention starts again
+// (an outcome resolved long after its claim is kept as long as any); NULL in transaction mode,
+// where claim and completion are one transaction's and nobody saw the record in progress.
 macro_rules! complete_sql {
     () => {
         "
 UPDATE idempotency_keys
 SET status = 'completed', response_code = ?4, response_headers = ?5, response_body = ?6,
-    body_omitted = ?7
+    body_omitted = ?7, expires_at = COALESCE(?8 + (expires_at - created_at), expires_at)
 WHERE account_id = ?1 AND idem_key = ?2 AND (?3 IS NULL OR fencing_token = ?3)
   AND status = 'in_progress'
 RETURNING 1;"
@@ -222,13 +227,14 @@ fn record_from_row(scope: &Scope, row: &SqliteRow) -> Result<Record> {
 }
 
 /// Runs `sql` ([`COMPLETE`], maybe with a suffix); whether the in-progress record held by
-/// `token` (any token if `None`) was completed.
+/// `token` (any token if `None`) was completed. Its retention counts from `now` if given.
 async fn complete_on(
     conn: &mut SqliteConnection,
     sql: &'static str,
     scope: &Scope,
     token: Option<FencingToken>,
     response: &StoredResponse,
+    now: Option<Timestamp>,
 ) -> Result<bool, sqlx::Error> {
     let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
     let rows = bind_scope(sqlx::query(sql), scope)
@@ -237,13 +243,14 @@ async fn complete_on(
         .bind(headers)
         .bind(&response.body[..])
         .bind(response.body_omitted)
+        .bind(now.map(|now| now.0))
         .fetch_all(&mut *conn)
         .await?;
     Ok(rows.len() == 1)
 }
 
 impl Store for SqliteStore {
-    async fn get(&self, scope: &Scope) -> Result<Option<Record>> {
+    async fn get(&self, scope: &Scope, _now: Timestamp) -> Result<Option<Record>> {
         let mut conn = self.readers.acquire().await?;
         Self::get_on(&mut conn, scope).await
     }
@@ -259,16 +266,20 @@ impl Store for SqliteStore {
         scope: &Scope,
         token: FencingToken,
         response: &StoredResponse,
+        now: Timestamp,
     ) -> Result<bool> {
-        self.in_turn(async |tx| Ok(complete_on(tx, COMPLETE, scope, Some(token), response).await?))
-            .await
+        self.in_turn(async |tx| {
+            Ok(complete_on(tx, COMPLETE, scope, Some(token), response, Some(now)).await?)
+        })
+        .await
     }
 
     async fn renew(
         &self,
         scope: &Scope,
         token: FencingToken,
-        lease_until: Timestamp,
+        lease: Duration,
+        now: Timestamp,
     ) -> Result<bool> {
         self.in_turn(async |tx| {
             let renew = sqlx::query(
@@ -278,7 +289,7 @@ impl Store for SqliteStore {
             );
             let done = bind_scope(renew, scope)
                 .bind(token.0)
-                .bind(lease_until.0)
+                .bind(now.plus(lease).0)
                 .execute(&mut **tx)
                 .await?;
             Ok(done.rows_affected() == 1)
@@ -306,7 +317,7 @@ impl Store for SqliteStore {
         let done = sqlx::query(
             "DELETE FROM idempotency_keys WHERE (account_id, idem_key) IN (
                  SELECT account_id, idem_key FROM idempotency_keys
-                 WHERE expires_at <= ?1 AND (status = 'completed' OR lease_until <= ?1)
+                 WHERE expires_at <= ?1 AND status = 'completed'
                  LIMIT ?2)",
         )
         .bind(now.0)
@@ -364,7 +375,16 @@ impl TransactionalStore for SqliteStore {
         token: FencingToken,
         response: &StoredResponse,
     ) -> Result<()> {
-        match complete_on(&mut tx, COMPLETE_AND_RELEASE, scope, Some(token), response).await {
+        match complete_on(
+            &mut tx,
+            COMPLETE_AND_RELEASE,
+            scope,
+            Some(token),
+            response,
+            None,
+        )
+        .await
+        {
             Ok(true) => {
                 tx.savepoint = false;
                 tx.commit_with_group().await
@@ -391,7 +411,7 @@ impl TransactionalStore for SqliteStore {
 }
 
 impl AdminStore for SqliteStore {
-    async fn list(&self, filter: &RecordFilter) -> Result<Vec<Record>> {
+    async fn list(&self, filter: &RecordFilter, _now: Timestamp) -> Result<Vec<Record>> {
         let list = sqlx::query(
             "SELECT account_id, idem_key, request_hash, status, response_code, response_headers,
                     response_body, body_omitted, created_at, expires_at, lease_until, fencing_token
@@ -415,9 +435,14 @@ impl AdminStore for SqliteStore {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn force_complete(&self, scope: &Scope, response: &StoredResponse) -> Result<bool> {
+    async fn force_complete(
+        &self,
+        scope: &Scope,
+        response: &StoredResponse,
+        now: Timestamp,
+    ) -> Result<bool> {
         // One statement, whatever the token: no read of it before the write.
         let mut conn = self.writer.acquire().await?;
-        Ok(complete_on(&mut conn, COMPLETE, scope, None, response).await?)
+        Ok(complete_on(&mut conn, COMPLETE, scope, None, response, Some(now)).await?)
     }
 }
