@@ -184,3 +184,62 @@ async fn a_first_request_through_the_pooler_is_three_round_trips() {
         "round trips a replay waits for"
     );
 }
+
+/// What a first request costs in lease mode (the gateway's: the read that answers replays, the
+/// claim, the stored outcome) on [`PgStore`], counted by a relay, with and without PgBouncer
+/// behind it: one round trip each on direct sessions, four behind the pooler (`BEGIN`, the
+/// preparation of the unnamed statement, its execution, `COMMIT`: sqlx cannot send an unnamed
+/// statement in one message, and a pooler may switch sessions between its two). Measured:
+/// 6 and 15, each with sqlx's three tests of a connection handed back to the pool.
+#[tokio::test(flavor = "current_thread")]
+async fn lease_mode_round_trips_with_and_without_the_pooler() {
+    use idem_store::Store;
+    let (db, bouncer) = database_behind_a_pooler().await;
+    let options: sqlx::postgres::PgConnectOptions = db.url().parse().unwrap();
+    let direct = FaultRelay::start_to(options.get_host(), options.get_port(), 0)
+        .await
+        .unwrap();
+    let pooled = FaultRelay::start(bouncer.addr(), 0).await.unwrap();
+    let mut figures = Vec::new();
+    for (relay, name, per_operation) in [(&direct, "direct", 1), (&pooled, "PgBouncer", 4)] {
+        // One connection, so that the warm-up prepares on the one the count uses (PgBouncer
+        // 1.18 refuses sqlx's extra_float_digits: not sent).
+        let options: sqlx::postgres::PgConnectOptions =
+            with_hosts(db.url(), &[relay.addr()], "").parse().unwrap();
+        // As PgStore::connect's pool: no test of the connection on its way out.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .test_before_acquire(false)
+            .connect_with(options.extra_float_digits(None))
+            .await
+            .unwrap();
+        let store = PgStore::from_pool(pool).await.unwrap();
+        // Warm: on direct sessions the statements prepared.
+        let warm = scope(&format!("warm-{name}-key"));
+        let _ = store.get(&warm).await.unwrap();
+        store.claim(&claim(&warm, 1)).await.unwrap();
+        store
+            .complete(&warm, FencingToken(1), &response())
+            .await
+            .unwrap();
+        let key = scope(&format!("lease-{name}-key"));
+        let before = relay.stats().round_trips;
+        assert!(store.get(&key).await.unwrap().is_none());
+        assert_eq!(
+            store.claim(&claim(&key, 2)).await.unwrap(),
+            idem_store::ClaimOutcome::Claimed
+        );
+        assert!(
+            store
+                .complete(&key, FencingToken(2), &response())
+                .await
+                .unwrap()
+        );
+        let round_trips = relay.stats().round_trips - before;
+        figures.push(format!("{name}: {round_trips}"));
+        // Each operation's statements, and sqlx's test of the connection on its way back to
+        // the pool (after the answer, off the request's path).
+        assert_eq!(round_trips, 3 * (per_operation + 1), "{name}");
+    }
+    println!("PgStore, a first request in lease mode (read, claim, outcome): {figures:?}");
+}

@@ -96,10 +96,15 @@ impl PgBouncer {
     }
 
     /// Kills it (SIGKILL: every client and server connection drops at once, as in a crash or
-    /// a redeploy of the pooler) and starts it again on the same port; returns once it accepts
-    /// connections again.
-    pub fn restart(&mut self) {
+    /// a redeploy of the pooler); nothing listens on its port until [`start_again`](Self::start_again).
+    pub fn kill(&mut self) {
         kill(&mut self.process);
+    }
+
+    /// Starts it again on the same port after a [`kill`](Self::kill); returns once it accepts
+    /// connections.
+    pub fn start_again(&mut self) {
+        assert!(self.process.is_none(), "PgBouncer is still running");
         self.run();
     }
 
