@@ -111,9 +111,9 @@ mod pg {
         async fn listen_outcomes(&self, wake: Wake) -> Result<JoinHandle<()>> {
             let Some(listen_on) = self.listen_options() else {
                 tracing::warn!(
-                    every = ?OUTCOME_POLL,
-                    "PostgreSQL is reached through a pooler and no notify URL was given:                      duplicates waiting for an outcome look at the store again every {:?}                      instead of being woken (give a direct URL to listen on)",
-                    OUTCOME_POLL
+                    "PostgreSQL is reached through a pooler and no notify URL was given (idem: \
+                     --notify-database-url): duplicates waiting for an outcome look at the store \
+                     again every {OUTCOME_POLL:?} instead of being woken"
                 );
                 return Ok(tokio::spawn(async {}));
             };
