@@ -17,6 +17,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 pub mod drill;
+#[cfg(test)]
+mod error_chains;
 pub mod fake_psp;
 pub mod keys;
 pub mod proxy;

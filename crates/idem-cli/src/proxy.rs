@@ -45,6 +45,12 @@ pub struct ProxyArgs {
     /// Cluster, `redis+cluster://HOST:PORT,HOST:PORT,…` [default: sqlite://idem-proxy.db].
     #[arg(long)]
     pub store: Option<String>,
+    /// PostgreSQL behind a pooler that lends sessions per transaction (PgBouncer in transaction
+    /// mode): a URL of the same database that reaches PostgreSQL directly, for the
+    /// notifications (`LISTEN`) that wake duplicates waiting for an outcome. Without one there,
+    /// waiting duplicates look at the store again every 250 ms instead.
+    #[arg(long, value_name = "URL")]
+    pub notify_database_url: Option<String>,
     /// Key prefix in Redis (several gateways may share one Redis with different prefixes).
     #[arg(long, default_value = "idem")]
     pub redis_prefix: String,
@@ -320,9 +326,14 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             run_on(listener, admin, store, config).await
         }
         StoreUrl::Postgres(url) => {
-            let store = PgStore::connect(&url)
+            let mut store = PgStore::connect(&url)
                 .await
                 .with_context(|| format!("cannot open the store {}", redact(&url)))?;
+            if let Some(direct) = &args.notify_database_url {
+                store = store.with_notify_url(direct).with_context(|| {
+                    format!("cannot use the notify database URL {}", redact(direct))
+                })?;
+            }
             run_on(listener, admin, store, config).await
         }
         StoreUrl::Redis(url) => {
@@ -341,6 +352,12 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
 /// The store `--store` names, refusing the Redis-only flags for any other store.
 fn store_url(args: &ProxyArgs, store: &str) -> anyhow::Result<StoreUrl> {
     let url = StoreUrl::parse(store)?;
+    if args.notify_database_url.is_some() && !matches!(url, StoreUrl::Postgres(_)) {
+        anyhow::bail!(
+            "--notify-database-url applies to a PostgreSQL store, and the store is {}",
+            redact(store)
+        );
+    }
     if args.redis_wait_replicas > 0 && !matches!(url, StoreUrl::Redis(_)) {
         anyhow::bail!(
             "--redis-wait-replicas applies to a Redis store, and the store is {}",

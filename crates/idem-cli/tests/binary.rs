@@ -61,3 +61,26 @@ fn bad_flags_fail_with_a_clear_message_and_exit_code() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("unsupported database URL"), "{stderr}");
 }
+
+/// A failure prints its chain of causes once each, on one line: here sqlx's own error holds its
+/// cause both in its message and as its source, which `{:#}` would print twice.
+#[test]
+fn a_failure_prints_each_cause_once() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--database"])
+        .arg(format!("postgres://postgres@127.0.0.1:{port}/idem"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("idem: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"));
+    assert!(line.contains("cannot open the database"), "{line}");
+    assert_eq!(line.matches("Connection refused").count(), 1, "{line}");
+}

@@ -14,6 +14,7 @@ mod gateway_chaos;
 mod openapi;
 mod outbox;
 mod payouts;
+mod pgbouncer;
 mod postgres_cluster;
 mod postgres_failover;
 mod proxy_binary;

@@ -537,10 +537,20 @@ async fn make_payments(
 /// Two `idem serve` instances on one PostgreSQL database, each relaying the outbox, and two
 /// workers in one group: every payment's receipt is written once, none is lost.
 async fn two_relays_two_workers(broker: &str) {
+    two_relays_two_workers_on(broker, None).await;
+}
+
+/// [`two_relays_two_workers`], the instances reaching the database through `pooler` when
+/// given (the test reads it directly).
+async fn two_relays_two_workers_on(
+    broker: &str,
+    pooler: Option<&idem_testkit::pgbouncer::PgBouncer>,
+) {
     const PAYMENTS: usize = 300;
     let namespace = Namespace::new(broker);
     let database = PgDatabase::create().await;
-    let url = database.url().to_owned();
+    let direct = database.url().to_owned();
+    let url = pooler.map_or_else(|| direct.clone(), |pooler| pooler.url_for(&direct));
     let w1 = worker(broker, namespace.name(), &url, &[]);
     let w2 = worker(broker, namespace.name(), &url, &[]);
     let s1 = serve(broker, namespace.name(), &url, &[]);
@@ -548,7 +558,7 @@ async fn two_relays_two_workers(broker: &str) {
     let urls = [s1.url().to_owned(), s2.url().to_owned()];
     make_payments(&urls, "two-relays", 0..PAYMENTS, 32).await;
 
-    let db = pool(&url).await;
+    let db = pool(&direct).await;
     await_receipts(&db, PAYMENTS as i64, &[&w1, &w2]).await;
     assert_one_receipt_per_event(&db, PAYMENTS as i64).await;
     assert_eq!(
@@ -570,6 +580,14 @@ async fn two_relays_two_workers(broker: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn nats_two_relays_and_two_workers_deliver_every_event_once() {
     two_relays_two_workers(NATS).await;
+}
+
+/// The same through PgBouncer 1.18 in transaction pooling mode: the relays, the workers' inbox
+/// and the service's migrations leave nothing on a server session past a transaction.
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_two_relays_and_two_workers_deliver_every_event_once_through_pgbouncer() {
+    let pooler = idem_testkit::pgbouncer::PgBouncer::start(40);
+    two_relays_two_workers_on(NATS, Some(&pooler)).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

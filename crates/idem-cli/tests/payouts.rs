@@ -433,9 +433,8 @@ async fn a_key_reused_after_its_retention_for_another_payout_pays_it() {
     );
     let first = send(payout(&served.url, "reused-key-01")).await;
     assert_eq!(first.status, 201, "{:?}", first.body);
-    let other = || {
-        payout(&served.url, "reused-key-01").body(r#"{"amount": 4000, "currency": "EUR"}"#)
-    };
+    let other =
+        || payout(&served.url, "reused-key-01").body(r#"{"amount": 4000, "currency": "EUR"}"#);
     // Until the first payout's retention ends, the other body under its key is a mismatch.
     let deadline = Instant::now() + Duration::from_secs(30);
     let second = loop {
@@ -447,7 +446,10 @@ async fn a_key_reused_after_its_retention_for_another_payout_pays_it() {
     };
     assert_eq!(second.status, 201, "{:?}", second.body);
     assert!(!second.replayed());
-    assert_eq!(second.body["amount"], 4000, "the new payout, not the old charge");
+    assert_eq!(
+        second.body["amount"], 4000,
+        "the new payout, not the old charge"
+    );
     assert_ne!(second.body["id"], first.body["id"]);
     assert_eq!(psp.charges().await, 2);
 }

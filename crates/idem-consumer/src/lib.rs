@@ -66,4 +66,4 @@ pub use consumer::{Consumer, ConsumerStats, Handled, Handler, HandlerError};
 pub use inbox::{Inbox, ProcessError, Processed};
 pub use message::{EventId, InvalidEventId, Message};
 pub use outbox::{Relay, RelayError, RelayPass, enqueue};
-pub use sql::{Database, INSERT_OUTBOX, PendingEvent};
+pub use sql::{Database, INSERT_OUTBOX, MigrateError, PendingEvent};

@@ -118,7 +118,16 @@ impl<DB: Database, P: Publisher> Relay<DB, P> {
             // relay that dies releases them with its connection.
             let mut tx = DB::begin_write(&self.pool).await?;
             let pending = DB::pending(&mut tx, self.batch).await?;
-            let pass = self.publish(&pending).await?;
+            let pass = match self.publish(&pending).await {
+                Ok(pass) => pass,
+                Err(e) => {
+                    // Unlock the rows now: a transaction merely dropped ends only when its
+                    // connection is next used, and until then the next pass (or another
+                    // relay, on another connection) skips them.
+                    let _ = tx.rollback().await;
+                    return Err(e.into());
+                }
+            };
             let seqs: Vec<i64> = pending.iter().map(|p| p.seq).collect();
             if !seqs.is_empty() {
                 DB::mark_sent(&mut tx, &seqs, self.clock.now().0).await?;

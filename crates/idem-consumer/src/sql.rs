@@ -12,6 +12,11 @@ mod sealed {
     pub trait Sealed {}
 }
 
+/// Why [`Database::migrate`] failed.
+#[derive(Debug, thiserror::Error)]
+#[error("migrating the inbox and outbox schema failed")]
+pub struct MigrateError(#[source] Box<dyn std::error::Error + Send + Sync>);
+
 /// A pending outbox row: its place in the outbox and the event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingEvent {
@@ -25,10 +30,10 @@ pub struct PendingEvent {
 /// [`sqlx::Postgres`]. Sealed: the SQL is written and tested for these two.
 pub trait Database: sqlx::Database + sealed::Sealed {
     /// Creates or updates the `processed_events` and `outbox` tables (migration history in
-    /// `idem_consumer_migrations`).
-    fn migrate(
-        pool: &Pool<Self>,
-    ) -> impl Future<Output = Result<(), sqlx::migrate::MigrateError>> + Send;
+    /// `idem_consumer_migrations`). On PostgreSQL in one transaction with unnamed statements,
+    /// so that it works through a pooler that lends sessions per transaction (PgBouncer in
+    /// transaction mode), as every statement of this crate does.
+    fn migrate(pool: &Pool<Self>) -> impl Future<Output = Result<(), MigrateError>> + Send;
 
     /// Opens a transaction that will write (on SQLite, `BEGIN IMMEDIATE`, so it never fails
     /// half-way to upgrade to a writer).
@@ -131,25 +136,26 @@ macro_rules! pending_sql {
 }
 
 /// The methods both databases implement alike, written once. What differs is passed in:
-/// whether pending rows are locked, the migrations' directory, the statement that opens a
-/// write transaction, the query of pending rows, and the batched deletes, each a method
-/// named with its statement (`$1` the time before which rows go, `$2` the batch) written in
-/// the database's own way of deleting a bounded batch.
+/// whether pending rows are locked, whether statements may be prepared under a name and cached
+/// on their connection (not on PostgreSQL, which may be behind a pooler that lends sessions per
+/// transaction; SQLite's cache lives in the process), how the migrations run, the statement
+/// that opens a write transaction, the query of pending rows, and the batched deletes, each a
+/// method named with its statement (`$1` the time before which rows go, `$2` the batch) written
+/// in the database's own way of deleting a bounded batch.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 macro_rules! common_methods {
     (
         locks_pending: $locks_pending:expr,
-        migrations: $migrations:tt,
+        persistent: $persistent:expr,
+        migrate: $migrate:path,
         begin_write: $begin_write:expr,
         pending: $pending:expr,
         batched_deletes: [$($delete:ident: $delete_statement:expr),+ $(,)?] $(,)?
     ) => {
         const LOCKS_PENDING: bool = $locks_pending;
 
-        async fn migrate(pool: &Pool<Self>) -> Result<(), sqlx::migrate::MigrateError> {
-            let mut migrator = sqlx::migrate!($migrations);
-            migrator.dangerous_set_table_name("idem_consumer_migrations");
-            migrator.run(pool).await
+        async fn migrate(pool: &Pool<Self>) -> Result<(), MigrateError> {
+            $migrate(pool).await.map_err(|e| MigrateError(Box::new(e)))
         }
 
         async fn begin_write(
@@ -165,6 +171,7 @@ macro_rules! common_methods {
             now_ms: i64,
         ) -> Result<bool, sqlx::Error> {
             let done = sqlx::query(INSERT_PROCESSED)
+                .persistent($persistent)
                 .bind(consumer)
                 .bind(event.as_str())
                 .bind(now_ms)
@@ -179,11 +186,17 @@ macro_rules! common_methods {
                 before_ms: i64,
                 batch: i64,
             ) -> Result<u64, sqlx::Error> {
+                // In a transaction of its own: behind a pooler that lends sessions per
+                // transaction, sqlx's preparation and execution of an unnamed statement must
+                // not be split across two sessions.
+                let mut tx = Self::begin_write(pool).await?;
                 let done = sqlx::query($delete_statement)
+                    .persistent($persistent)
                     .bind(before_ms)
                     .bind(batch)
-                    .execute(pool)
+                    .execute(&mut *tx)
                     .await?;
+                tx.commit().await?;
                 Ok(done.rows_affected())
             }
         )+
@@ -194,6 +207,7 @@ macro_rules! common_methods {
             now_ms: i64,
         ) -> Result<(), sqlx::Error> {
             sqlx::query(INSERT_OUTBOX)
+                .persistent($persistent)
                 .bind(message.id.as_str())
                 .bind(&message.topic)
                 .bind(&message.payload)
@@ -207,12 +221,18 @@ macro_rules! common_methods {
             conn: &mut Self::Connection,
             limit: i64,
         ) -> Result<Vec<PendingEvent>, sqlx::Error> {
-            let rows = sqlx::query($pending).bind(limit).fetch_all(conn).await?;
+            let rows = sqlx::query($pending)
+                .persistent($persistent)
+                .bind(limit)
+                .fetch_all(conn)
+                .await?;
             rows.iter().map(pending_from_row).collect()
         }
 
         async fn count_pending(pool: &Pool<Self>) -> Result<i64, sqlx::Error> {
-            sqlx::query_scalar(COUNT_PENDING).fetch_one(pool).await
+            // A simple query (no parameters): one round trip, nothing prepared.
+            let row = sqlx::raw_sql(COUNT_PENDING).fetch_one(pool).await?;
+            sqlx::Row::try_get(&row, 0)
         }
     };
 }
@@ -224,10 +244,17 @@ mod sqlite {
 
     impl sealed::Sealed for Sqlite {}
 
+    async fn migrate_sqlite(pool: &Pool<Sqlite>) -> Result<(), sqlx::migrate::MigrateError> {
+        let mut migrator = sqlx::migrate!("migrations/sqlite");
+        migrator.dangerous_set_table_name("idem_consumer_migrations");
+        migrator.run(pool).await
+    }
+
     impl Database for Sqlite {
         common_methods! {
             locks_pending: false,
-            migrations: "migrations/sqlite",
+            persistent: true,
+            migrate: migrate_sqlite,
             // Takes the write lock at once, so the transaction never fails half-way to upgrade
             // to a writer.
             begin_write: "BEGIN IMMEDIATE",
@@ -267,10 +294,17 @@ mod postgres {
 
     impl sealed::Sealed for Postgres {}
 
+    async fn migrate_postgres(pool: &Pool<Postgres>) -> Result<(), idem_store::MigrationError> {
+        let mut migrator = sqlx::migrate!("migrations/postgres");
+        migrator.dangerous_set_table_name("idem_consumer_migrations");
+        idem_store::migrate_pg(pool, &migrator).await
+    }
+
     impl Database for Postgres {
         common_methods! {
             locks_pending: true,
-            migrations: "migrations/postgres",
+            persistent: false,
+            migrate: migrate_postgres,
             begin_write: "BEGIN",
             pending: concat!(pending_sql!(), " FOR UPDATE SKIP LOCKED"),
             batched_deletes: [
@@ -287,6 +321,7 @@ mod postgres {
             now_ms: i64,
         ) -> Result<(), sqlx::Error> {
             sqlx::query("UPDATE outbox SET sent_at = $1 WHERE seq = ANY($2) AND sent_at IS NULL")
+                .persistent(false)
                 .bind(now_ms)
                 .bind(seqs)
                 .execute(conn)

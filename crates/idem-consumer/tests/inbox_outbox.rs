@@ -65,13 +65,18 @@ macro_rules! suite {
 
         /// What the count query `sql` answers.
         async fn count(pool: &Pool<$db>, sql: &'static str) -> i64 {
-            sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+            // Unnamed, as every statement that may go through a pooler.
+            sqlx::query_scalar(sql)
+                .persistent(false)
+                .fetch_one(pool)
+                .await
+                .unwrap()
         }
 
         #[tokio::test]
         async fn the_inbox_applies_an_event_once_however_often_it_arrives() {
             let (pool, _guard) = $pool;
-            sqlx::query("CREATE TABLE effects (event_id TEXT NOT NULL)")
+            sqlx::raw_sql("CREATE TABLE effects (event_id TEXT NOT NULL)")
                 .execute(&pool)
                 .await
                 .unwrap();
@@ -82,7 +87,7 @@ macro_rules! suite {
                 let outcome = inbox
                     .process::<$db, _, sqlx::Error, _>(&pool, &event, 1, |conn| {
                         async move {
-                            sqlx::query("INSERT INTO effects VALUES ('evt_once')")
+                            sqlx::raw_sql("INSERT INTO effects VALUES ('evt_once')")
                                 .execute(conn)
                                 .await
                                 .map(|_| ())
@@ -317,4 +322,32 @@ mod postgres {
             "the relays shared the work: {per_relay:?}"
         );
     }
+}
+
+/// The same suite with PostgreSQL behind PgBouncer 1.18 in transaction pooling mode (a
+/// PgBouncer of the test's own): the migrations, the inbox and the outbox leave nothing on a
+/// server session past a transaction.
+mod postgres_behind_a_pooler {
+    use idem_testkit::pgbouncer::PgBouncer;
+
+    async fn fresh() -> (
+        sqlx::PgPool,
+        (idem_store::testing::PgTestDatabase, PgBouncer),
+    ) {
+        let db = idem_store::testing::PgTestDatabase::create().await;
+        let bouncer = PgBouncer::start(20);
+        // PgBouncer 1.18 refuses sqlx's extra_float_digits startup parameter by default.
+        let options: sqlx::postgres::PgConnectOptions = bouncer.url_for(db.url()).parse().unwrap();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(20)
+            .connect_with(options.extra_float_digits(None))
+            .await
+            .unwrap();
+        <sqlx::Postgres as idem_consumer::Database>::migrate(&pool)
+            .await
+            .unwrap();
+        (pool, (db, bouncer))
+    }
+
+    suite!(sqlx::Postgres, fresh().await);
 }

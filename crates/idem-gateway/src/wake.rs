@@ -105,8 +105,10 @@ impl fmt::Display for InFlight {
 /// Each outcome this gateway stores is published through the store, in a task of its own so
 /// that the request never waits for it (a failure is logged: waiters elsewhere then wait out
 /// their bound). A listener, started before this returns and running for as long as the
-/// runtime does, wakes this gateway's waiters whenever any gateway published. Fails only when
-/// the listener cannot start (the store is unreachable).
+/// runtime does, wakes this gateway's waiters whenever any gateway published. Where the store
+/// cannot hear what others publish ([`OutcomeChannel::outcome_poll`]: PostgreSQL behind a
+/// pooler, without a notify URL), every waiter looks at the store again that often instead.
+/// Fails only when the listener cannot start (the store is unreachable).
 pub async fn outcome_signal<St: OutcomeChannel>(
     store: &St,
 ) -> Result<OutcomeSignal, idem_store::Error> {
@@ -124,6 +126,19 @@ pub async fn outcome_signal<St: OutcomeChannel>(
     let _listener = store
         .listen_outcomes(Arc::new(move |label: &str| relay.wake_local(label)))
         .await?;
+    if let Some(every) = store.outcome_poll() {
+        // Nothing published elsewhere can be heard (the store said so in the log): waiters look
+        // at the store again every so often instead. Detached, as the listener.
+        let polled = signal.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                polled.wake_all_local();
+            }
+        });
+    }
     Ok(signal)
 }
 

@@ -206,6 +206,119 @@ pub fn assert_unavailable<T: std::fmt::Debug>(result: Result<T>) {
     }
 }
 
+/// Every operation of `store`, whose connections go through `relay`, ends within `deadline`
+/// with [`Error::Unavailable`] while the relay is a black hole (nothing gets through, nothing is
+/// refused: a dead host, a partition): no store call waits forever (docs/contract.md §12).
+/// With `transactional`, a claim in a transaction too, which may take its wait on top. The
+/// relay is cleared again at the end.
+///
+/// The operations run at once, each timed from its own start.
+pub async fn a_black_hole_is_unavailable_within<S: Store>(
+    store: &S,
+    relay: &crate::fault_relay::FaultRelay,
+    deadline: Duration,
+    transactional: Option<BoxedUnit<'_>>,
+) {
+    use std::future::Future;
+    use std::pin::Pin;
+    use tokio::time::Instant;
+
+    let key = scope("acct_a", "black-hole-key");
+    // A record to act on, and pooled connections to the store, made before the black hole.
+    claims(store, &key, fingerprint("{}"), 1, T0).await;
+    relay.set(crate::fault_relay::Fault::BlackHole);
+    let wait = BLACK_HOLE_WAIT;
+    type Op<'a> = Pin<Box<dyn Future<Output = (&'static str, Duration, String)> + Send + 'a>>;
+    fn timed<'a, T: std::fmt::Debug>(
+        name: &'static str,
+        op: impl Future<Output = Result<T>> + Send + 'a,
+    ) -> Op<'a> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let result = op.await;
+            let took = started.elapsed();
+            let verdict = match result {
+                Err(Error::Unavailable(_)) => String::new(),
+                other => format!("expected Unavailable, got {other:?}"),
+            };
+            (name, took, verdict)
+        })
+    }
+    let other = claim_at(
+        &scope("acct_a", "black-hole-key2"),
+        fingerprint("{}"),
+        3,
+        T0,
+    );
+    let stored = response("{}");
+    let mut ops: Vec<Op<'_>> = vec![
+        timed("get", store.get(&key, T0)),
+        timed("claim", store.claim(&other)),
+        timed(
+            "complete",
+            store.complete(&key, FencingToken(1), &stored, T0),
+        ),
+        timed(
+            "renew",
+            store.renew(&key, FencingToken(1), Duration::from_secs(60), T0),
+        ),
+        timed("release", store.release(&key, FencingToken(1))),
+        timed("sweep", store.sweep(T0, 100)),
+    ];
+    if let Some(begin_claim) = transactional {
+        ops.push(timed("begin_claim", begin_claim));
+    }
+    let results = futures_util::future::join_all(ops).await;
+    relay.clear();
+    for (name, took, verdict) in results {
+        assert!(verdict.is_empty(), "{name} in a black hole: {verdict}");
+        let allowed = if name == "begin_claim" {
+            deadline + wait
+        } else {
+            deadline
+        };
+        assert!(
+            took <= allowed,
+            "{name} in a black hole took {took:?}, past its deadline of {allowed:?}"
+        );
+    }
+}
+
+/// A transactional store's claim as [`a_black_hole_is_unavailable_within`] takes it.
+pub type BoxedUnit<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'a>>;
+
+/// How long the claim in a transaction of [`a_black_hole_is_unavailable_within`] waits for a
+/// concurrent claim.
+const BLACK_HOLE_WAIT: Duration = Duration::from_millis(500);
+
+/// A claim in a transaction on `store` (not started until polled), for
+/// [`a_black_hole_is_unavailable_within`]; what it claimed, if anything, is dropped.
+pub fn begin_claim_of<S: TransactionalStore>(store: &S) -> BoxedUnit<'_> {
+    let claim = claim_at(
+        &scope("acct_a", "black-hole-key3"),
+        fingerprint("{}"),
+        4,
+        T0,
+    );
+    Box::pin(async move { store.begin_claim(&claim, BLACK_HOLE_WAIT).await.map(|_| ()) })
+}
+
+/// The sweeper's boundary, exact to the millisecond: a completed record expiring at E is kept
+/// by a sweep at E - 1 ms and deleted by one at E. Called by the tests of backends that store
+/// times in another form than the claim's milliseconds, on a store that holds nothing else.
+pub async fn sweep_boundary_is_exact<S: Store>(store: &S) {
+    let key = scope("acct_a", "boundary-key1");
+    let mut boundary = claim_at(&key, fingerprint("{}"), 1, Timestamp(1_800_000_000_123));
+    boundary.lease_until = Timestamp(1_800_000_000_124);
+    boundary.expires_at = Timestamp(1_800_000_000_457);
+    assert_eq!(store.claim(&boundary).await.unwrap(), ClaimOutcome::Claimed);
+    assert!(completes(store, &key, 1, "{}").await);
+    let (before, at) = (Timestamp(1_800_000_000_456), Timestamp(1_800_000_000_457));
+    assert_eq!(store.sweep(before, 10).await.unwrap(), 0);
+    assert_eq!(store.sweep(at, 10).await.unwrap(), 1);
+}
+
 /// 64 tasks claim one key at once: exactly one wins, every other sees its record.
 pub async fn claim_race_has_one_winner<S: Store>(store: S) {
     let key = scope("acct_a", "race-key-0001");

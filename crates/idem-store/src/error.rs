@@ -13,9 +13,13 @@ pub enum Error {
     /// The database answered with an error.
     #[error("the idempotency store failed")]
     Database(#[source] sqlx::Error),
-    /// Applying the schema migrations failed.
+    /// Applying the schema migrations failed (SQLite).
     #[error("migrating the idempotency store's schema failed")]
     Migrate(#[source] sqlx::migrate::MigrateError),
+    /// Applying the schema migrations failed (PostgreSQL).
+    #[cfg(feature = "postgres")]
+    #[error("migrating the idempotency store's schema failed")]
+    PgMigrate(#[source] crate::MigrationError),
     /// The PostgreSQL URL cannot be used.
     #[cfg(feature = "postgres")]
     #[error("the PostgreSQL URL of the idempotency store is invalid")]

@@ -86,9 +86,9 @@ pub mod testing;
 pub mod watched;
 
 pub use error::{Error, Result, is_unavailable};
-pub use notify::OutcomeChannel;
+pub use notify::{OUTCOME_POLL, OutcomeChannel};
 #[cfg(feature = "postgres")]
-pub use postgres::{NoPrimary, PgStore, PgTx, PgUrlError};
+pub use postgres::{MigrationError, NoPrimary, PgStore, PgTx, PgUrlError, migrate_pg};
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisStore, ReplicasUnconfirmed};
 #[cfg(feature = "sqlite")]

@@ -13,7 +13,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -46,7 +45,21 @@ pub trait OutcomeChannel: Store {
         &self,
         wake: Arc<dyn Fn(&str) + Send + Sync>,
     ) -> impl Future<Output = Result<JoinHandle<()>>> + Send;
+
+    /// How often a duplicate waiting for an outcome must look at the store again by itself,
+    /// because [`listen_outcomes`](Self::listen_outcomes) cannot hear what other processes
+    /// publish; `None` (the default) where it can. A [`PgStore`](crate::PgStore) behind a
+    /// pooler that lends sessions per transaction, without a notify URL, answers
+    /// [`OUTCOME_POLL`].
+    fn outcome_poll(&self) -> Option<Duration> {
+        None
+    }
 }
+
+/// How often duplicates that wait for an outcome look at the store again where no
+/// notification can reach them ([`OutcomeChannel::outcome_poll`]): a read per waiting
+/// duplicate each time, and a wait up to this much longer than the outcome took.
+pub const OUTCOME_POLL: Duration = Duration::from_millis(250);
 
 /// How long a listener pauses after failing to reconnect, at first; the pause doubles up to
 /// [`MAX_RECONNECT_PAUSE`].
@@ -65,11 +78,17 @@ const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 /// sqlx's `PgListener` reconnects by itself (and listens again) after losing it. When the store
 /// moves its pool to another host (a URL with several hosts, after a failover), the listener
 /// moves too: left on the old host, it would hear nothing the others publish on the new one.
+///
+/// `LISTEN` needs a session of its own. Behind a pooler that lends sessions per transaction
+/// the listener connects through the store's notify URL ([`PgStore::with_notify_url`]), which
+/// leads to PostgreSQL directly; without one nothing is heard, the store says so once in the
+/// log, and [`OutcomeChannel::outcome_poll`] tells waiters to look again by themselves.
 #[cfg(feature = "postgres")]
 mod pg {
     use super::*;
     use crate::PgStore;
-    use sqlx::postgres::PgListener;
+    use crate::postgres::Listen;
+    use sqlx::postgres::{PgListener, PgPoolOptions};
     use tokio::sync::watch;
 
     /// The channel outcomes are published on; `idem serve` uses the same one.
@@ -79,27 +98,57 @@ mod pg {
 
     impl OutcomeChannel for PgStore {
         async fn publish_outcome(&self, label: &str) -> Result<()> {
-            // Outside a transaction the notification is delivered at once.
-            sqlx::query("SELECT pg_notify($1, $2)")
+            // Delivered as its statement (or its own transaction, behind a pooler) commits.
+            let notify = sqlx::query("SELECT pg_notify($1, $2)")
+                .persistent(self.persistent())
                 .bind(PG_CHANNEL)
-                .bind(label)
-                .execute(self.pool())
-                .await
-                .inspect_err(|e| self.notice(e))?;
+                .bind(label);
+            let published = crate::postgres::on_session!(self, |conn| notify.execute(conn).await);
+            self.watched(self.bounded(published).await)?;
             Ok(())
         }
 
         async fn listen_outcomes(&self, wake: Wake) -> Result<JoinHandle<()>> {
-            // Watched from before the first listener exists, so no move goes unseen.
-            let moves = self.primary_moves();
-            let listener = listen(self).await.inspect_err(|e| self.notice(e))?;
-            Ok(tokio::spawn(relay(self.clone(), listener, moves, wake)))
+            let Some(listen_on) = self.listen_options() else {
+                tracing::warn!(
+                    "PostgreSQL is reached through a pooler and no notify URL was given (idem: \
+                     --notify-database-url): duplicates waiting for an outcome look at the store \
+                     again every {OUTCOME_POLL:?} instead of being woken"
+                );
+                return Ok(tokio::spawn(async {}));
+            };
+            // Watched from before the first listener exists, so no move goes unseen. A notify
+            // URL names one host of its own: no move to follow.
+            let moves = match listen_on {
+                Listen::Pool => self.primary_moves(),
+                Listen::Direct(_) => None,
+            };
+            let pool = match listen_on {
+                Listen::Pool => self.pool().clone(),
+                // One connection, made when the listener first needs it.
+                Listen::Direct(options) => PgPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(Duration::from_secs(5))
+                    .connect_lazy_with((*options).clone()),
+            };
+            let listener = listen(&pool).await.inspect_err(|e| self.notice(e))?;
+            Ok(tokio::spawn(relay(
+                self.clone(),
+                pool,
+                listener,
+                moves,
+                wake,
+            )))
+        }
+
+        fn outcome_poll(&self) -> Option<Duration> {
+            self.listen_options().is_none().then_some(OUTCOME_POLL)
         }
     }
 
-    /// A listener on a connection of the store's pool, listening.
-    async fn listen(store: &PgStore) -> Result<PgListener, sqlx::Error> {
-        let mut listener = PgListener::connect_with(store.pool()).await?;
+    /// A listener on a connection of `pool`, listening.
+    async fn listen(pool: &sqlx::PgPool) -> Result<PgListener, sqlx::Error> {
+        let mut listener = PgListener::connect_with(pool).await?;
         listener.listen(PG_CHANNEL).await?;
         Ok(listener)
     }
@@ -108,6 +157,7 @@ mod pg {
     /// each move. Ends when the store's pool is closed.
     async fn relay(
         store: PgStore,
+        pool: sqlx::PgPool,
         mut listener: PgListener,
         mut moves: Option<watch::Receiver<usize>>,
         wake: Wake,
@@ -116,7 +166,7 @@ mod pg {
             // Its connection goes back to the pool, which closes it rather than hand it out
             // again: it leads to the old host.
             drop(listener);
-            listener = match listen_again(&store).await {
+            listener = match listen_again(&store, &pool).await {
                 Some(listener) => listener,
                 None => return,
             };
@@ -169,10 +219,10 @@ mod pg {
     }
 
     /// A new listener, once one can be made; `None` when the pool was closed.
-    async fn listen_again(store: &PgStore) -> Option<PgListener> {
+    async fn listen_again(store: &PgStore, pool: &sqlx::PgPool) -> Option<PgListener> {
         let mut pause = MIN_RECONNECT_PAUSE;
         loop {
-            match listen(store).await {
+            match listen(pool).await {
                 Ok(listener) => return Some(listener),
                 Err(sqlx::Error::PoolClosed) => return None,
                 Err(e) => back_off(store, &e, &mut pause).await,

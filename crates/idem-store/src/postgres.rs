@@ -25,23 +25,27 @@
 //! or read-only, so a failover to a promoted standby needs no restart (modules `url` and
 //! `primary`).
 
+mod migrate;
 mod primary;
+pub(crate) mod session;
 mod url;
 
+pub use migrate::{MigrationError, migrate_pg};
 pub use primary::NoPrimary;
 pub use url::PgUrlError;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{Decision, FencingToken, Record, Scope, StoredResponse, Timestamp, decide};
-use sqlx::migrate::MigrateError;
-use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{Connection as _, PgExecutor, Postgres, Row};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Connection as _, PgExecutor, Postgres, Row};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use self::primary::Primary;
+pub(crate) use self::session::{ANSWER_MARGIN, STATEMENT_TIMEOUT, Sessions};
 use self::url::PgUrl;
 
 use crate::sql::{self, bind_claim, bind_filter, bind_scope, row_scope};
@@ -61,6 +65,11 @@ pub struct PgStore {
     pool: PgPool,
     /// With several hosts (or `target_session_attrs=read-write`): which one takes writes.
     primary: Option<Arc<Primary>>,
+    /// Whether the connections are sessions of their own or lent per transaction by a pooler.
+    sessions: Sessions,
+    /// Where outcome wake-ups listen (`LISTEN` needs a session of its own): the direct URL of
+    /// [`PgStore::with_notify_url`], if one was given.
+    notify: Option<Arc<PgConnectOptions>>,
 }
 
 /// How long [`PgStore::connect`]'s pool waits for a connection before the store reports itself
@@ -253,10 +262,6 @@ WHERE ctid = ANY (ARRAY (
     FOR UPDATE SKIP LOCKED))"
 );
 
-// READ COMMITTED (whatever the server's default) is what makes a blocked duplicate see the
-// first transaction's committed row once it is let through.
-pub(crate) const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
-
 // The claim inside a transaction (transaction mode): CLAIM with its wait bounded by
 // `lock_timeout` ($9), in one round trip instead of three (set, claim, restore). The
 // MATERIALIZED CTEs read the setting in force, then set the bound, before the row to insert is
@@ -316,37 +321,102 @@ impl PgStore {
     /// to a host that takes writes, the first in the URL's order, waiting for one as long as
     /// for a connection; and when a statement finds that host out of reach or read-only, it
     /// looks for the primary again and moves its pool (and its outcome listeners) there.
+    ///
+    /// The URL may lead to a pooler that lends a session per transaction (PgBouncer in
+    /// transaction mode): the store finds out when it connects and then leaves nothing on a
+    /// session past a transaction (no named statement, no `SET`, no `LISTEN`; see
+    /// [`with_notify_url`](Self::with_notify_url) for outcome wake-ups).
+    ///
+    /// Every statement has a deadline: PostgreSQL's `statement_timeout` and `lock_timeout`
+    /// (5 s each, unless the URL's `options` set them; behind a pooler, the server's own
+    /// settings apply outside the store's transactions), and the store waits a second longer
+    /// for an answer before it reports itself [`Unavailable`](Error::Unavailable).
     pub async fn connect(url: &str) -> Result<Self> {
         let url: PgUrl = url.parse().map_err(Error::Url)?;
         if !url.read_write {
             // One host, any session: sqlx connects, and reconnects, as it always did.
             let [host] = <[_; 1]>::try_from(url.hosts).expect("one host unless read-write");
-            let pool = pool_options(None).connect_with(host.options).await?;
-            return Self::from_pool(pool).await;
+            let (options, sessions) = session::settle(host.options).await?;
+            let pool = pool_options(None).connect_with(options).await?;
+            return Self::on_pool(pool, None, sessions).await;
         }
-        let primary = Primary::find(url.hosts, ACQUIRE_TIMEOUT)
+        let mut primary = Primary::find(url.hosts, ACQUIRE_TIMEOUT)
             .await
             .map_err(|e| Error::Unavailable(Box::new(e)))?;
+        let sessions = primary.settle().await?;
         let primary = Arc::new(primary);
         let pool = pool_options(Some(primary.clone()))
             .connect_with(primary.options())
             .await?;
-        let store = Self {
-            pool,
-            primary: Some(primary),
-        };
-        store.watched(migrate(&store.pool).await)?;
-        Ok(store)
+        Self::on_pool(pool, Some(primary), sessions).await
     }
 
     /// A store on an existing pool (sized and configured by the caller); applies the
     /// migrations. Several instances may start at once: the migrations run one at a time.
+    /// Whether the pool's connections lead to a pooler is found out as [`connect`](Self::connect)
+    /// does; the pool's options are left as they are.
     pub async fn from_pool(pool: PgPool) -> Result<Self> {
-        migrate(&pool).await?;
-        Ok(Self {
+        let (_, sessions) = session::settle((*pool.connect_options()).clone()).await?;
+        Self::on_pool(pool, None, sessions).await
+    }
+
+    async fn on_pool(
+        pool: PgPool,
+        primary: Option<Arc<Primary>>,
+        sessions: Sessions,
+    ) -> Result<Self> {
+        let store = Self {
             pool,
-            primary: None,
-        })
+            primary,
+            sessions,
+            notify: None,
+        };
+        // Not bounded by the statement timeout: a migration may take long on a large table.
+        store.watched(migrate(&store.pool).await)?;
+        Ok(store)
+    }
+
+    /// The same store, listening for outcome wake-ups ([`OutcomeChannel`](crate::OutcomeChannel))
+    /// through `url`, a URL of the same database that leads to a session of its own: behind a
+    /// pooler that lends sessions per transaction, `LISTEN` cannot work through the store's own
+    /// URL. Without one there, duplicates that wait for an outcome look at the store again
+    /// every [`OUTCOME_POLL`](crate::OUTCOME_POLL) instead of being woken, and the store says
+    /// so once in the log. Direct sessions listen through the store's own URL anyway.
+    pub fn with_notify_url(mut self, url: &str) -> Result<Self> {
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e| Error::Url(PgUrlError::Options(e)))?;
+        self.notify = Some(Arc::new(options));
+        Ok(self)
+    }
+
+    /// Whether the store's connections reach PostgreSQL through a pooler that lends a session
+    /// per transaction (found out when it connected). Statements of the caller's own on
+    /// [`pool`](Self::pool) must then be unnamed: `sqlx::query(…).persistent(!store.behind_a_pooler())`.
+    pub fn behind_a_pooler(&self) -> bool {
+        self.sessions == Sessions::Pooled
+    }
+
+    /// Whether sqlx may prepare the store's statements under a name and cache them on their
+    /// connection: only on sessions of their own.
+    pub(crate) fn persistent(&self) -> bool {
+        !self.behind_a_pooler()
+    }
+
+    /// Where outcome wake-ups can listen, if anywhere: the notify URL, else the pool's own
+    /// sessions where they are direct.
+    pub(crate) fn listen_options(&self) -> Option<Listen> {
+        match (&self.notify, self.sessions) {
+            (Some(options), _) => Some(Listen::Direct(options.clone())),
+            (None, Sessions::Direct) => Some(Listen::Pool),
+            (None, Sessions::Pooled) => None,
+        }
+    }
+
+    /// `operation`, given up on (as [`Error::Unavailable`]) when no answer came within the
+    /// statement timeout and its margin (the database or the path to it is silent).
+    pub(crate) async fn bounded<T>(&self, operation: impl Future<Output = Result<T>>) -> Result<T> {
+        bounded(STATEMENT_TIMEOUT + ANSWER_MARGIN, operation).await
     }
 
     /// The connection pool. Business writes outside an idempotent request go through it too.
@@ -366,7 +436,7 @@ impl PgStore {
 
     /// `result`, after setting off a search for the primary if it says the database is
     /// unavailable.
-    fn watched<T>(&self, result: Result<T, impl Into<Error>>) -> Result<T> {
+    pub(crate) fn watched<T>(&self, result: Result<T, impl Into<Error>>) -> Result<T> {
         let result = result.map_err(Into::into);
         if let Err(Error::Unavailable(_)) = &result {
             self.look_for_primary();
@@ -431,17 +501,70 @@ fn pool_options(primary: Option<Arc<Primary>>) -> PgPoolOptions {
     }
 }
 
-/// Applies the migrations. sqlx's migrator holds a PostgreSQL advisory lock (a session lock
-/// keyed by the database's name) while it runs, so instances starting together take turns and
-/// each finds the work done by the one before.
+/// Applies the migrations ([`migrate_pg`]: in one transaction, instances starting together
+/// taking turns).
 async fn migrate(pool: &PgPool) -> Result<()> {
     let mut migrator = sqlx::migrate!("migrations/postgres");
     migrator.dangerous_set_table_name("idem_store_migrations");
-    match migrator.run(pool).await {
+    match migrate_pg(pool, &migrator).await {
         Ok(()) => Ok(()),
         // A lazy pool first meets the database here.
-        Err(MigrateError::Execute(e)) if is_unavailable(&e) => Err(Error::Unavailable(Box::new(e))),
-        Err(e) => Err(Error::Migrate(e)),
+        Err(MigrationError::Database(e)) if is_unavailable(&e) => {
+            Err(Error::Unavailable(Box::new(e)))
+        }
+        Err(e) => Err(Error::PgMigrate(e)),
+    }
+}
+
+/// Runs `$body` with `$conn`, a `&mut PgConnection`, and yields its `Result<_, Error>`: a
+/// pooled connection where the store's sessions are its own; behind a pooler, that connection
+/// inside a transaction of its own, so that the server session stays the same from sqlx's
+/// preparation of an unnamed statement to its execution (sqlx syncs between the two, and a
+/// pooler may lend the session to another client there: the execution would then bind that
+/// client's unnamed statement, or none). Behind a pooler each operation so costs `BEGIN` and
+/// `COMMIT` and a preparation more: three round trips.
+macro_rules! on_session {
+    ($store:expr, |$conn:ident| $body:expr) => {
+        async {
+            if $store.persistent() {
+                let mut pooled = $store.pool().acquire().await?;
+                let $conn: &mut sqlx::PgConnection = &mut pooled;
+                Ok::<_, $crate::Error>($body?)
+            } else {
+                let mut tx = $store.pool().begin().await?;
+                let $conn: &mut sqlx::PgConnection = &mut tx;
+                let out = $body?;
+                tx.commit().await?;
+                Ok(out)
+            }
+        }
+    };
+}
+pub(crate) use on_session;
+
+/// How [`PgStore::listen_options`] says outcome wake-ups may listen.
+#[derive(Debug, Clone)]
+pub(crate) enum Listen {
+    /// On a connection of the store's own pool: its sessions are direct.
+    Pool,
+    /// On a connection of their own, made with these options (the notify URL).
+    Direct(Arc<PgConnectOptions>),
+}
+
+/// The database, or the path to it, said nothing for as long as a live server takes to answer
+/// or cancel a statement.
+#[derive(Debug, thiserror::Error)]
+#[error("PostgreSQL did not answer within {0:?}")]
+pub(crate) struct NoAnswer(Duration);
+
+/// `operation`, or [`Error::Unavailable`] with [`NoAnswer`] if it has not finished `within`.
+pub(crate) async fn bounded<T>(
+    within: Duration,
+    operation: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(within, operation).await {
+        Ok(result) => result,
+        Err(_elapsed) => Err(Error::Unavailable(Box::new(NoAnswer(within)))),
     }
 }
 
@@ -482,6 +605,7 @@ pub(crate) fn vanished(scope: &Scope) -> Error {
 /// lock timeout apart.
 async fn claim_on<'e>(
     ex: impl PgExecutor<'e>,
+    persistent: bool,
     claim: &NewClaim,
     lock_wait: Option<String>,
 ) -> Result<bool, sqlx::Error> {
@@ -490,7 +614,7 @@ async fn claim_on<'e>(
     } else {
         CLAIM
     };
-    let mut query = bind_claim(sqlx::query(statement), claim);
+    let mut query = bind_claim(sqlx::query(statement).persistent(persistent), claim);
     if let Some(lock_wait) = lock_wait {
         query = query.bind(lock_wait);
     }
@@ -501,10 +625,11 @@ async fn claim_on<'e>(
 /// The record `scope` names, in the frame of the caller's `now`.
 async fn get_on<'e>(
     ex: impl PgExecutor<'e>,
+    persistent: bool,
     scope: &Scope,
     now: Timestamp,
 ) -> Result<Option<Record>> {
-    let row = bind_scope(sqlx::query(SELECT), scope)
+    let row = bind_scope(sqlx::query(SELECT).persistent(persistent), scope)
         .fetch_optional(ex)
         .await?;
     row.map(|row| record_from_row(scope, &row, now)).transpose()
@@ -522,6 +647,7 @@ enum Completion {
 /// (any token if `None`) was completed.
 async fn complete_on<'e>(
     ex: impl PgExecutor<'e>,
+    persistent: bool,
     scope: &Scope,
     token: Option<FencingToken>,
     response: &StoredResponse,
@@ -532,7 +658,7 @@ async fn complete_on<'e>(
         Completion::Resolving => COMPLETE,
         Completion::InTransaction => COMPLETE_IN_TX,
     };
-    let done = bind_scope(sqlx::query(statement), scope)
+    let done = bind_scope(sqlx::query(statement).persistent(persistent), scope)
         .bind(token.map(|token| token.0))
         .bind(i32::from(response.status))
         .bind(headers)
@@ -556,11 +682,13 @@ fn record_from_row(scope: &Scope, row: &PgRow, now: Timestamp) -> Result<Record>
 
 impl Store for PgStore {
     async fn get(&self, scope: &Scope, now: Timestamp) -> Result<Option<Record>> {
-        self.watched(get_on(&self.pool, scope, now).await)
+        let persistent = self.persistent();
+        let found = on_session!(self, |conn| get_on(conn, persistent, scope, now).await);
+        self.watched(self.bounded(found).await)
     }
 
     async fn claim(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
-        self.watched(self.claim_on_pool(claim).await)
+        self.watched(self.bounded(self.claim_on_pool(claim)).await)
     }
 
     async fn complete(
@@ -570,15 +698,19 @@ impl Store for PgStore {
         response: &StoredResponse,
         _now: Timestamp,
     ) -> Result<bool> {
-        let completed = complete_on(
-            &self.pool,
-            scope,
-            Some(token),
-            response,
-            Completion::Resolving,
-        )
-        .await;
-        self.watched(completed)
+        let persistent = self.persistent();
+        let completed = on_session!(self, |conn| {
+            complete_on(
+                conn,
+                persistent,
+                scope,
+                Some(token),
+                response,
+                Completion::Resolving,
+            )
+            .await
+        });
+        self.watched(self.bounded(completed).await)
     }
 
     async fn renew(
@@ -588,49 +720,54 @@ impl Store for PgStore {
         lease: Duration,
         _now: Timestamp,
     ) -> Result<bool> {
-        let done = bind_scope(sqlx::query(RENEW), scope)
+        let renew = bind_scope(sqlx::query(RENEW).persistent(self.persistent()), scope)
             .bind(token.0)
-            .bind(millis(lease))
-            .execute(&self.pool)
-            .await;
-        Ok(self.watched(done)?.rows_affected() == 1)
+            .bind(millis(lease));
+        let done = on_session!(self, |conn| renew.execute(conn).await);
+        Ok(self.watched(self.bounded(done).await)?.rows_affected() == 1)
     }
 
     async fn release(&self, scope: &Scope, token: FencingToken) -> Result<bool> {
-        let done = bind_scope(sqlx::query(RELEASE), scope)
-            .bind(token.0)
-            .execute(&self.pool)
-            .await;
-        Ok(self.watched(done)?.rows_affected() == 1)
+        let release =
+            bind_scope(sqlx::query(RELEASE).persistent(self.persistent()), scope).bind(token.0);
+        let done = on_session!(self, |conn| release.execute(conn).await);
+        Ok(self.watched(self.bounded(done).await)?.rows_affected() == 1)
     }
 
     async fn sweep(&self, _now: Timestamp, batch: u32) -> Result<u64> {
-        let done = sqlx::query(SWEEP)
-            .bind(i64::from(batch))
-            .execute(&self.pool)
-            .await;
-        Ok(self.watched(done)?.rows_affected())
+        let sweep = sqlx::query(SWEEP)
+            .persistent(self.persistent())
+            .bind(i64::from(batch));
+        let done = on_session!(self, |conn| sweep.execute(conn).await);
+        Ok(self.watched(self.bounded(done).await)?.rows_affected())
     }
 }
 
 impl PgStore {
     /// [`Store::claim`], unwatched.
     async fn claim_on_pool(&self, claim: &NewClaim) -> Result<ClaimOutcome> {
-        for _ in 0..CLAIM_ATTEMPTS {
-            if claim_on(&self.pool, claim, None).await? {
-                return Ok(ClaimOutcome::Claimed);
-            }
-            // The claim lost to a record; read it in a new statement. It may have been
-            // released or swept in between, or become one the claim may replace (its lease or
-            // retention ran out since), and then the key is free to claim again.
-            match get_on(&self.pool, &claim.scope, claim.now).await? {
-                Some(record) if !may_replace(&record, claim) => {
-                    return Ok(ClaimOutcome::Existing(record));
+        let persistent = self.persistent();
+        on_session!(self, |conn| {
+            async {
+                for _ in 0..CLAIM_ATTEMPTS {
+                    if claim_on(&mut *conn, persistent, claim, None).await? {
+                        return Ok(ClaimOutcome::Claimed);
+                    }
+                    // The claim lost to a record; read it in a new statement. It may have been
+                    // released or swept in between, or become one the claim may replace (its
+                    // lease or retention ran out since), and then the key is free to claim again.
+                    match get_on(&mut *conn, persistent, &claim.scope, claim.now).await? {
+                        Some(record) if !may_replace(&record, claim) => {
+                            return Ok(ClaimOutcome::Existing(record));
+                        }
+                        _ => {}
+                    }
                 }
-                _ => {}
+                Err(vanished(&claim.scope))
             }
-        }
-        Err(vanished(&claim.scope))
+            .await
+        })
+        .await
     }
 
     /// [`TransactionalStore::begin_claim`], unwatched.
@@ -638,15 +775,15 @@ impl PgStore {
         // One deadline for the whole wait: for a free connection, then for the key.
         let deadline = Instant::now() + wait;
         for _ in 0..CLAIM_ATTEMPTS {
-            let mut tx = match tokio::time::timeout_at(deadline, self.pool.begin_with(BEGIN)).await
-            {
+            let begin = self.pool.begin_with(AssertSqlSafe(session::begin(wait)));
+            let mut tx = match tokio::time::timeout_at(deadline, begin).await {
                 Ok(tx) => tx?,
                 Err(_elapsed) => return self.wait_ran_out(),
             };
             let lock_wait =
                 lock_timeout_setting(deadline.saturating_duration_since(Instant::now()));
             // Blocks while another open transaction holds the key, for at most `lock_wait`.
-            match claim_on(&mut *tx, claim, Some(lock_wait)).await {
+            match claim_on(&mut *tx, self.persistent(), claim, Some(lock_wait)).await {
                 Ok(true) => return Ok(TxClaim::Claimed(tx)),
                 Ok(false) => {}
                 Err(e) if is_lock_timeout(&e) => {
@@ -660,7 +797,7 @@ impl PgStore {
             // The claim lost to a committed record (and holds its row lock until the rollback).
             // Under READ COMMITTED this new statement sees it; should it have vanished all the
             // same, the key is free and the claim starts over.
-            let record = get_on(&mut *tx, &claim.scope, claim.now).await?;
+            let record = get_on(&mut *tx, self.persistent(), &claim.scope, claim.now).await?;
             tx.rollback().await?;
             match record {
                 Some(record) if !may_replace(&record, claim) => {
@@ -677,7 +814,12 @@ impl TransactionalStore for PgStore {
     type Tx = PgTx;
 
     async fn begin_claim(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<PgTx>> {
-        self.watched(self.begin_claim_on_pool(claim, wait).await)
+        // The claim may wait `wait` for a concurrent transaction, on top of its own deadline.
+        let claimed = bounded(
+            wait + STATEMENT_TIMEOUT + ANSWER_MARGIN,
+            self.begin_claim_on_pool(claim, wait),
+        );
+        self.watched(claimed.await)
     }
 
     async fn commit_response(
@@ -689,24 +831,24 @@ impl TransactionalStore for PgStore {
     ) -> Result<()> {
         let completed = complete_on(
             &mut *tx,
+            self.persistent(),
             scope,
             Some(token),
             response,
             Completion::InTransaction,
-        )
-        .await;
-        let completed = self.watched(completed)?;
+        );
+        let completed = self.watched(self.bounded(completed).await)?;
         if !completed {
             return Err(Error::Raced(format!(
                 "the key row of {} vanished inside its own transaction",
                 scope.log_label()
             )));
         }
-        self.watched(tx.commit().await)
+        self.watched(self.bounded(async { Ok(tx.commit().await?) }).await)
     }
 
     async fn rollback(&self, tx: PgTx) -> Result<()> {
-        self.watched(tx.rollback().await)
+        self.watched(self.bounded(async { Ok(tx.rollback().await?) }).await)
     }
 }
 
@@ -733,11 +875,9 @@ impl AdminStore for PgStore {
              ORDER BY created_at DESC
              LIMIT $4",
         ));
-        let rows = bind_filter(list, filter)
-            .bind(now.0)
-            .fetch_all(&self.pool)
-            .await;
-        let rows = self.watched(rows)?;
+        let list = bind_filter(list.persistent(self.persistent()), filter).bind(now.0);
+        let rows = on_session!(self, |conn| list.fetch_all(conn).await);
+        let rows = self.watched(self.bounded(rows).await)?;
         rows.iter()
             .map(|row| record_from_row(&row_scope(row)?, row, now))
             .collect()
@@ -745,9 +885,11 @@ impl AdminStore for PgStore {
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
         let purge =
-            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2");
-        let done = bind_scope(purge, scope).execute(&self.pool).await;
-        Ok(self.watched(done)?.rows_affected() == 1)
+            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2")
+                .persistent(self.persistent());
+        let purge = bind_scope(purge, scope);
+        let done = on_session!(self, |conn| purge.execute(conn).await);
+        Ok(self.watched(self.bounded(done).await)?.rows_affected() == 1)
     }
 
     async fn force_complete(
@@ -756,7 +898,18 @@ impl AdminStore for PgStore {
         response: &StoredResponse,
         _now: Timestamp,
     ) -> Result<bool> {
-        let completed = complete_on(&self.pool, scope, None, response, Completion::Resolving).await;
-        self.watched(completed)
+        let persistent = self.persistent();
+        let completed = on_session!(self, |conn| {
+            complete_on(
+                conn,
+                persistent,
+                scope,
+                None,
+                response,
+                Completion::Resolving,
+            )
+            .await
+        });
+        self.watched(self.bounded(completed).await)
     }
 }

@@ -315,3 +315,24 @@ fn test_urls_can_name_several_hosts() {
         "postgres://u:p@127.0.0.1:6001/t?sslmode=disable&target_session_attrs=read-write"
     );
 }
+
+/// In a black hole between the store and the database, every operation answers `Unavailable`
+/// within the statement timeout and its margin (6 s) and a little slack, never later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_black_hole_is_unavailable_within_the_deadline() {
+    let db = PgTestDatabase::create().await;
+    let direct: PgConnectOptions = db.url().parse().unwrap();
+    let relay = FaultRelay::start_to(direct.get_host(), direct.get_port(), 0)
+        .await
+        .unwrap();
+    let store = PgStore::connect(&with_hosts(db.url(), &[relay.addr()], ""))
+        .await
+        .unwrap();
+    idem_store::conformance::a_black_hole_is_unavailable_within(
+        &store,
+        &relay,
+        Duration::from_secs(8),
+        Some(idem_store::conformance::begin_claim_of(&store)),
+    )
+    .await;
+}

@@ -258,6 +258,31 @@ async fn server_lost_after_connect_is_unavailable() {
     assert_unavailable(store.sweep(T0, 10).await);
 }
 
+/// In a black hole between the store and Redis (nothing answers, nothing is refused), every
+/// operation answers `Unavailable` within the command timeout (2 s) and a little slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_black_hole_is_unavailable_within_the_deadline() {
+    let prefix = TestPrefix::new();
+    let client = redis::Client::open(url()).unwrap();
+    let redis::ConnectionAddr::Tcp(host, port) = client.get_connection_info().addr() else {
+        panic!("the test server must be reached over plain TCP")
+    };
+    let relay = FaultRelay::start_to(host, *port, 0).await.unwrap();
+    let store = RedisStore::connect(
+        &format!("redis://127.0.0.1:{}/0", relay.addr().port()),
+        prefix.prefix.clone(),
+    )
+    .await
+    .unwrap();
+    idem_store::conformance::a_black_hole_is_unavailable_within(
+        &store,
+        &relay,
+        Duration::from_secs(4),
+        None,
+    )
+    .await;
+}
+
 /// A record in progress has no TTL and waits in the sweeper's index at `+inf`: its outcome is
 /// unknown until it is resolved, and Redis must not forget it (docs/contract.md §12). Completing
 /// it gives it a TTL of its retention plus the slack and its place in the index, whatever the

@@ -307,3 +307,26 @@ async fn idle_connections_are_closed_after_the_idle_timeout() {
     let tx = begin_claimed(&store, &claim(&key, 1)).await;
     store.rollback(tx).await.unwrap();
 }
+
+/// In a black hole between the store and the database, every operation answers `Unavailable`
+/// within the statement timeout and its margin (6 s) and a little slack, never later; a claim
+/// in a transaction within its wait on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_black_hole_is_unavailable_within_the_deadline() {
+    let db = PgTestDatabase::create().await;
+    let direct: sqlx::postgres::PgConnectOptions = db.url().parse().unwrap();
+    let relay = FaultRelay::start_to(direct.get_host(), direct.get_port(), 0)
+        .await
+        .unwrap();
+    let url = idem_store::testing::with_hosts(db.url(), &[relay.addr()], "");
+    let store = TokioPgStore::connect(&url).await.unwrap();
+    // A pooled transaction connection, made before the black hole.
+    drop(store.client().await.unwrap());
+    idem_store::conformance::a_black_hole_is_unavailable_within(
+        &store,
+        &relay,
+        Duration::from_secs(8),
+        Some(idem_store::conformance::begin_claim_of(&store)),
+    )
+    .await;
+}

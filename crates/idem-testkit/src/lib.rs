@@ -15,6 +15,7 @@
 //! whose request head never completes (a slowloris), whichever server it is.
 
 pub mod nats_cluster;
+pub mod pgbouncer;
 mod processes;
 pub mod redis_cluster;
 

@@ -307,7 +307,7 @@ fn free_ports(count: usize) -> Vec<u16> {
 }
 
 /// A number that differs between calls and between test processes.
-fn unique() -> u64 {
+pub(crate) fn unique() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static CALLS: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()

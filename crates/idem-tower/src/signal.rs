@@ -77,6 +77,21 @@ impl OutcomeSignal {
         }
     }
 
+    /// Wakes every waiter of this process, whatever its key: each looks at the store again.
+    /// For stores that cannot tell other processes' outcomes, called every so often
+    /// ([`OutcomeChannel::outcome_poll`](idem_store::OutcomeChannel::outcome_poll)).
+    pub fn wake_all_local(&self) {
+        let waiters = std::mem::take(
+            &mut *self
+                .waiters
+                .lock()
+                .expect("the waiters map is never poisoned"),
+        );
+        for notify in waiters.into_values() {
+            notify.notify_waiters();
+        }
+    }
+
     /// How many keys have waiters in this process.
     pub fn waiting(&self) -> usize {
         self.waiters
@@ -97,5 +112,26 @@ impl OutcomeSignal {
         {
             waiters.remove(label);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The polling fallback's wake-up reaches the waiters of every key, and leaves no entry.
+    #[tokio::test]
+    async fn wake_all_local_wakes_the_waiters_of_every_key() {
+        let signal = OutcomeSignal::default();
+        let (a, b) = (signal.listen("key-a"), signal.listen("key-b"));
+        assert_eq!(signal.waiting(), 2);
+        signal.wake_all_local();
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            a.await;
+            b.await;
+        })
+        .await
+        .expect("both woken");
+        assert_eq!(signal.waiting(), 0);
     }
 }

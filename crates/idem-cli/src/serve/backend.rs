@@ -110,6 +110,10 @@ pub(crate) trait Backend: TransactionalStore + AdminStore {
     /// failed with `e` (so that on PostgreSQL a lost primary is looked for again).
     fn failed(&self, e: &sqlx::Error);
 
+    /// Whether sqlx may prepare the service's statements under a name and cache them on their
+    /// connection: not behind a pooler that lends sessions per transaction.
+    fn persistent(&self) -> bool;
+
     /// The signal that wakes duplicates waiting for an outcome, relayed between every process
     /// on this database where the database can relay.
     fn outcome_signal(&self) -> impl Future<Output = anyhow::Result<OutcomeSignal>> + Send;
@@ -239,8 +243,16 @@ const POSTGRES: Statements = Statements {
 
 /// The [`Backend`] items that are the same code on both databases, written once: `$sql`
 /// holds the database's statements, `$writer` and `$readers` name the store's sqlx pools.
+/// `$persistent_in_tx`: whether the statements run in the inbox's transaction may be named (the
+/// consumer's own are not on PostgreSQL).
 macro_rules! shared_methods {
-    (db: $db:ty, sql: $sql:expr, writer: [$($writer:ident),+], readers: [$($readers:ident),+]) => {
+    (
+        db: $db:ty,
+        sql: $sql:expr,
+        writer: [$($writer:ident),+],
+        readers: [$($readers:ident),+],
+        persistent_in_tx: $persistent_in_tx:expr $(,)?
+    ) => {
         type Db = $db;
 
         fn write_pool(&self) -> &sqlx::Pool<$db> {
@@ -252,6 +264,7 @@ macro_rules! shared_methods {
             receipt: &'a Receipt,
         ) -> Result<(), sqlx::Error> {
             sqlx::query($sql.insert_receipt)
+                .persistent($persistent_in_tx)
                 .bind(&receipt.event_id)
                 .bind(&receipt.payment_id)
                 .bind(&receipt.account_id)
@@ -269,6 +282,7 @@ macro_rules! shared_methods {
             id: &str,
         ) -> Result<Option<Payment>, sqlx::Error> {
             let row = sqlx::query($sql.find_payment)
+                .persistent(self.persistent())
                 .bind(id)
                 .bind(account)
                 .fetch_optional(self$(.$readers())+)
@@ -283,6 +297,7 @@ macro_rules! shared_methods {
             limit: i64,
         ) -> Result<Vec<Payment>, sqlx::Error> {
             let rows = sqlx::query($sql.list_payments)
+                .persistent(self.persistent())
                 .bind(account)
                 .bind(limit)
                 .fetch_all(self$(.$readers())+)
@@ -293,6 +308,7 @@ macro_rules! shared_methods {
 
         async fn ping(&self) -> Result<(), sqlx::Error> {
             sqlx::query("SELECT 1")
+                .persistent(self.persistent())
                 .execute(self$(.$readers())+)
                 .await
                 .inspect_err(|e| self.failed(e))
@@ -301,28 +317,29 @@ macro_rules! shared_methods {
     };
 }
 
-/// Applies the service's own migrations (`migrator`, with its own history table) and then
-/// the outbox's and inbox's.
-async fn migrate<DB>(
-    mut migrator: sqlx::migrate::Migrator,
-    pool: &sqlx::Pool<DB>,
-) -> anyhow::Result<()>
-where
-    DB: idem_consumer::Database,
-    DB::Connection: sqlx::migrate::Migrate,
-{
+/// The service's own migrations, with their own history table.
+fn service_migrations(mut migrator: sqlx::migrate::Migrator) -> sqlx::migrate::Migrator {
     migrator.dangerous_set_table_name("idem_serve_migrations");
     migrator
-        .run(pool)
-        .await
-        .context("cannot migrate the payments schema")?;
+}
+
+/// Applies the outbox's and inbox's migrations (after the service's own).
+async fn migrate_consumer<DB: idem_consumer::Database>(
+    pool: &sqlx::Pool<DB>,
+) -> anyhow::Result<()> {
     DB::migrate(pool)
         .await
         .context("cannot migrate the outbox and inbox schema")
 }
 
 impl Backend for SqliteStore {
-    shared_methods!(db: sqlx::Sqlite, sql: SQLITE, writer: [writer], readers: [readers]);
+    shared_methods!(
+        db: sqlx::Sqlite,
+        sql: SQLITE,
+        writer: [writer],
+        readers: [readers],
+        persistent_in_tx: true,
+    );
 
     async fn insert_payment<'a>(
         tx: &'a mut SqliteTx,
@@ -390,7 +407,11 @@ impl Backend for SqliteStore {
         let store = SqliteStore::connect(url)
             .await
             .with_context(|| format!("cannot open the database {url}"))?;
-        migrate(sqlx::migrate!("migrations/sqlite"), store.writer()).await?;
+        service_migrations(sqlx::migrate!("migrations/sqlite"))
+            .run(store.writer())
+            .await
+            .context("cannot migrate the payments schema")?;
+        migrate_consumer(store.writer()).await?;
         Ok(store)
     }
 
@@ -410,6 +431,11 @@ impl Backend for SqliteStore {
 
     /// One file on this machine: there is no other host to look for.
     fn failed(&self, _e: &sqlx::Error) {}
+
+    /// SQLite's statement cache lives in this process.
+    fn persistent(&self) -> bool {
+        true
+    }
 }
 
 /// The parameters of [`Statements::insert_payment`] and its `if_key_free` form on PostgreSQL:
@@ -443,7 +469,13 @@ const PG_OUTBOX_TYPES: &[Type] = &[Type::TEXT, Type::TEXT, Type::BYTEA, Type::IN
 /// payment three round trips (idem-store's TokioPgStore); the outbox relay, the worker's
 /// inbox, the reads and the lease-mode payouts run on sqlx, through its PgStore.
 impl Backend for TokioPgStore {
-    shared_methods!(db: sqlx::Postgres, sql: POSTGRES, writer: [pg_store, pool], readers: [pg_store, pool]);
+    shared_methods!(
+        db: sqlx::Postgres,
+        sql: POSTGRES,
+        writer: [pg_store, pool],
+        readers: [pg_store, pool],
+        persistent_in_tx: false,
+    );
 
     async fn insert_payment<'a>(
         tx: &'a mut TokioPgTx,
@@ -453,6 +485,7 @@ impl Backend for TokioPgStore {
         payment: &'a Payment,
         event: Option<&'a idem_consumer::Message>,
     ) -> idem_store::Result<()> {
+        // `execute_sql`: prepared once per connection, or unnamed behind a pooler.
         let params: [&(dyn ToSql + Sync); 8] = [
             &payment.id,
             &account,
@@ -463,24 +496,22 @@ impl Backend for TokioPgStore {
             &payment.reference,
             &payment.created_at,
         ];
-        let if_key_free = tx
-            .prepare_typed_cached(POSTGRES.insert_payment_if_key_free, PG_PAYMENT_TYPES)
-            .await?;
+        let if_key_free = POSTGRES.insert_payment_if_key_free;
         // The common case in one round trip, with the event when there is one: the key holds
         // no payment yet. (A failed INSERT would abort the transaction, hence DO NOTHING and a
         // look at the count.)
         let inserted = match event {
-            None => tx.execute(&if_key_free, &params).await?,
+            None => {
+                tx.execute_sql(if_key_free, PG_PAYMENT_TYPES, &params)
+                    .await?
+            }
             Some(event) => {
-                let outbox = tx
-                    .prepare_typed_cached(idem_consumer::INSERT_OUTBOX, PG_OUTBOX_TYPES)
-                    .await?;
                 let (id, payload) = (event.id.as_str(), &event.payload[..]);
                 let event_params: [&(dyn ToSql + Sync); 4] =
                     [&id, &event.topic, &payload, &payment.created_at];
                 let (inserted, enqueued) = tokio::join!(
-                    tx.execute(&if_key_free, &params),
-                    tx.execute(&outbox, &event_params)
+                    tx.execute_sql(if_key_free, PG_PAYMENT_TYPES, &params),
+                    tx.execute_sql(idem_consumer::INSERT_OUTBOX, PG_OUTBOX_TYPES, &event_params)
                 );
                 enqueued?;
                 inserted?
@@ -490,15 +521,15 @@ impl Backend for TokioPgStore {
             // A payment holds the key. Only one made before the key's retention ended may give
             // it up; if it is younger, the plain insert below fails on the UNIQUE: the safety
             // net against a duplicate the layer let through.
-            let retire = tx
-                .prepare_typed_cached(POSTGRES.retire_key, &[Type::TEXT, Type::TEXT, Type::INT8])
+            let retire_types = [Type::TEXT, Type::TEXT, Type::INT8];
+            tx.execute_sql(
+                POSTGRES.retire_key,
+                &retire_types,
+                &[&account, &key, &retired_before],
+            )
+            .await?;
+            tx.execute_sql(POSTGRES.insert_payment, PG_PAYMENT_TYPES, &params)
                 .await?;
-            tx.execute(&retire, &[&account, &key, &retired_before])
-                .await?;
-            let insert = tx
-                .prepare_typed_cached(POSTGRES.insert_payment, PG_PAYMENT_TYPES)
-                .await?;
-            tx.execute(&insert, &params).await?;
         }
         Ok(())
     }
@@ -509,13 +540,10 @@ impl Backend for TokioPgStore {
         key: &'a str,
         invoice: &'a mut Invoice,
     ) -> idem_store::Result<()> {
-        let next = tx
-            .prepare_typed_cached(POSTGRES.next_invoice_number, &[Type::TEXT])
-            .await?;
-        invoice.number = tx.query_one(&next, &[&account]).await?.try_get(0)?;
-        let insert = tx
-            .prepare_typed_cached(POSTGRES.insert_invoice, PG_INVOICE_TYPES)
-            .await?;
+        invoice.number = tx
+            .query_one_sql(POSTGRES.next_invoice_number, &[Type::TEXT], &[&account])
+            .await?
+            .try_get(0)?;
         let params: [&(dyn ToSql + Sync); 7] = [
             &invoice.id,
             &account,
@@ -525,7 +553,8 @@ impl Backend for TokioPgStore {
             &key,
             &invoice.created_at,
         ];
-        tx.execute(&insert, &params).await?;
+        tx.execute_sql(POSTGRES.insert_invoice, PG_INVOICE_TYPES, &params)
+            .await?;
         Ok(())
     }
 
@@ -533,11 +562,14 @@ impl Backend for TokioPgStore {
         let store = TokioPgStore::connect(url)
             .await
             .with_context(|| format!("cannot open the database {}", redact(url)))?;
-        migrate(
-            sqlx::migrate!("migrations/postgres"),
-            store.pg_store().pool(),
+        let pool = store.pg_store().pool();
+        idem_store::migrate_pg(
+            pool,
+            &service_migrations(sqlx::migrate!("migrations/postgres")),
         )
-        .await?;
+        .await
+        .context("cannot migrate the payments schema")?;
+        migrate_consumer(pool).await?;
         Ok(store)
     }
 
@@ -562,5 +594,9 @@ impl Backend for TokioPgStore {
 
     fn failed(&self, e: &sqlx::Error) {
         self.pg_store().notice(e);
+    }
+
+    fn persistent(&self) -> bool {
+        !self.pg_store().behind_a_pooler()
     }
 }

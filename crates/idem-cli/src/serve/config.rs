@@ -24,6 +24,12 @@ pub struct ServeArgs {
     /// `postgres://USER@PRIMARY,STANDBY/DB` to follow the primary when a standby takes over.
     #[arg(long, default_value = "sqlite://idem.db")]
     pub database: String,
+    /// PostgreSQL behind a pooler that lends sessions per transaction (PgBouncer in transaction
+    /// mode): a URL of the same database that reaches PostgreSQL directly, for the
+    /// notifications (`LISTEN`) that wake duplicate payouts waiting for an outcome. Without
+    /// one there, waiting duplicates look at the database again every 250 ms instead.
+    #[arg(long, value_name = "URL")]
+    pub notify_database_url: Option<String>,
     /// A sandbox API token and the account it authenticates, `TOKEN=ACCOUNT`; repeatable.
     /// Without any, `sk_test_alice=acct_alice` and `sk_test_bob=acct_bob` are registered.
     #[arg(long = "token", value_name = "TOKEN=ACCOUNT", value_parser = parse_token)]
@@ -120,6 +126,8 @@ fn parse_token(s: &str) -> Result<(String, String), String> {
 pub struct ServeConfig {
     /// The database URL.
     pub database: String,
+    /// A direct URL of the same database for `LISTEN`, when `database` leads to a pooler.
+    pub notify_database: Option<String>,
     /// Bearer token → account.
     pub tokens: HashMap<String, AccountId>,
     /// The idempotency policy.
@@ -168,6 +176,7 @@ impl ServeConfig {
     pub fn new(database: impl Into<String>) -> Self {
         Self {
             database: database.into(),
+            notify_database: None,
             tokens: DEFAULT_TOKENS
                 .iter()
                 .map(|(t, a)| (t.to_string(), AccountId::new(*a)))
@@ -192,6 +201,7 @@ impl ServeConfig {
 
     pub(super) fn from_args(args: &ServeArgs) -> Self {
         let mut config = Self::new(args.database.clone());
+        config.notify_database = args.notify_database_url.clone();
         if !args.tokens.is_empty() {
             config.tokens = args
                 .tokens

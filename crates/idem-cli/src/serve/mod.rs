@@ -70,13 +70,21 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     match StoreUrl::parse_database(&config.database)? {
         StoreUrl::Sqlite(url) => {
+            if config.notify_database.is_some() {
+                anyhow::bail!("--notify-database-url applies to a PostgreSQL database");
+            }
             let store = SqliteStore::open_service(&url).await?;
             serve_on(store, listener, &config, shutdown).await
         }
         StoreUrl::Postgres(url) => {
-            let store = TokioPgStore::open_service(&url)
+            let mut store = TokioPgStore::open_service(&url)
                 .await?
                 .with_pool_size(config.db_pool_size);
+            if let Some(direct) = &config.notify_database {
+                store = store.with_notify_url(direct).with_context(|| {
+                    format!("cannot use the notify database URL {}", redact(direct))
+                })?;
+            }
             serve_on(store, listener, &config, shutdown).await
         }
         StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),

@@ -18,6 +18,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::session::{self, Sessions};
 use super::url::PgHost;
 
 /// Whether the session takes writes: neither a standby (in recovery) nor read-only by setting
@@ -79,6 +80,22 @@ impl Primary {
             moved_at: Mutex::new(None),
             searching: AtomicBool::new(false),
         })
+    }
+
+    /// Asks, on the host in use, whether sessions are direct or lent by a pooler
+    /// ([`session::settle`](super::session::settle)); where they are direct, every host's
+    /// connections carry the session settings from now on.
+    pub(crate) async fn settle(&mut self) -> Result<Sessions, sqlx::Error> {
+        let at = *self.current.borrow();
+        let (_, sessions) = session::settle(self.hosts[at].options.clone()).await?;
+        for host in &mut self.hosts {
+            let plain = session::without_refused_parameters(host.options.clone());
+            host.options = match sessions {
+                Sessions::Direct => session::with_session_settings(plain),
+                Sessions::Pooled => plain,
+            };
+        }
+        Ok(sessions)
     }
 
     /// The options of the host in use.
@@ -143,10 +160,9 @@ impl Primary {
     /// pool never hands one out. sqlx then connects again until its acquire timeout, to the
     /// host a search may have found meanwhile.
     pub(crate) async fn vet(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        if sqlx::query_scalar::<_, bool>(WRITABLE)
-            .fetch_one(&mut *conn)
-            .await?
-        {
+        // A simple query: nothing prepared, safe behind a pooler too.
+        let row = sqlx::raw_sql(WRITABLE).fetch_one(&mut *conn).await?;
+        if sqlx::Row::try_get::<bool, _>(&row, 0)? {
             return Ok(());
         }
         let label = self.hosts[*self.current.borrow()].label.clone();
@@ -205,9 +221,8 @@ impl std::fmt::Display for Answer {
 async fn probe(host: &PgHost) -> Answer {
     let asked = tokio::time::timeout(PROBE_TIMEOUT, async {
         let mut conn = PgConnection::connect_with(&host.options).await?;
-        let writable = sqlx::query_scalar::<_, bool>(WRITABLE)
-            .fetch_one(&mut conn)
-            .await?;
+        let row = sqlx::raw_sql(WRITABLE).fetch_one(&mut conn).await?;
+        let writable = sqlx::Row::try_get::<bool, _>(&row, 0)?;
         // The answer is in; a failure to say goodbye changes nothing.
         let _ = conn.close().await;
         Ok::<_, sqlx::Error>(writable)
