@@ -53,6 +53,7 @@ mod notify;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis_store;
+mod shared_secret;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -75,6 +76,7 @@ pub use notify::OutcomeChannel;
 pub use postgres::{NoPrimary, PgStore, PgTx, PgUrlError};
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisStore, ReplicasUnconfirmed};
+pub use shared_secret::{Shared, SharedSecret};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{GroupCommitFailed, SqliteStore, SqliteTx};
 #[cfg(feature = "tokio-postgres")]
