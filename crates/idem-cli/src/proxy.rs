@@ -423,8 +423,8 @@ impl Start {
             SecretOrigin::File(path) => tracing::warn!(
                 secret_id = %id,
                 "moved the secret of {} into the store, so the keys stored under it keep their \
-                 scopes and every proxy on this store shares it; the file is no longer read \
-                 and may be deleted",
+                 scopes and every proxy on this store shares it; from now on the store's copy \
+                 is the one that counts, and the file may be deleted",
                 path.display()
             ),
             SecretOrigin::StoreOverFile(path) => tracing::warn!(
