@@ -8,9 +8,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use http::{HeaderName, Uri};
 use idem_gateway::{
-    ConfigFile, GatewayConfig, InFlight, KeyForwarding, KeyRule, RouteRules, Secret, UnknownOutcome,
+    Anonymous, ClientTls, ConfigFile, Credential, GatewayConfig, InFlight, KeyForwarding, KeyRule,
+    RouteRules, Secret, SecretOrigin, ServerTls, UnknownOutcome,
 };
-use idem_store::{OutcomeChannel, PgStore, RedisStore, SqliteStore, Store};
+use idem_store::{OutcomeChannel, PgStore, RedisStore, SharedSecret, SqliteStore, Store};
 use tokio::net::TcpListener;
 
 use crate::runtime::{self, shutdown_signal};
@@ -62,15 +63,29 @@ pub struct ProxyArgs {
     /// How long replicas have to confirm a write under --redis-wait-replicas, in milliseconds.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub redis_wait_timeout_ms: u64,
-    /// The server secret that scopes keys (HMAC key); also read from IDEM_PROXY_SECRET.
+    /// The server secret that scopes keys (HMAC key); also read from IDEM_PROXY_SECRET. Every
+    /// proxy on one store must be given the same. Without it (and --secret-file) the secret
+    /// lives in the store, made by the first proxy to start and read by the others.
     #[arg(long, env = "IDEM_PROXY_SECRET", hide_env_values = true)]
     pub secret: Option<String>,
-    /// Where the secret is kept when not given: read if it exists, generated on first start.
-    #[arg(long, default_value = "idem-proxy.secret")]
-    pub secret_file: PathBuf,
-    /// The request header that identifies the caller.
-    #[arg(long, default_value = "authorization")]
-    pub credential_header: HeaderName,
+    /// Read the server secret from this file (its text, trimmed), which must exist; kept out
+    /// of the store like --secret. Without it, an `idem-proxy.secret` in the working directory
+    /// (made by earlier versions) is moved into a store that has no secret yet.
+    #[arg(long, value_name = "FILE", conflicts_with = "secret")]
+    pub secret_file: Option<PathBuf>,
+    /// Where the caller's credential is, from which its scope is derived: `header:NAME` or
+    /// `cookie:NAME` (a session cookie) [default: header:Authorization].
+    #[arg(long, value_name = "header:NAME|cookie:NAME")]
+    pub credential: Option<Credential>,
+    /// The request header that identifies the caller: the same as `--credential header:NAME`.
+    #[arg(long, value_name = "NAME", conflicts_with = "credential")]
+    pub credential_header: Option<HeaderName>,
+    /// What a covered request without the credential gets: `refuse` (401 no-credential),
+    /// `route` (one scope per route for such callers) or `shared` (one scope for every such
+    /// caller: one can be replayed another's answer) [default: refuse; routes with key_from:
+    /// route].
+    #[arg(long)]
+    pub anonymous: Option<Anonymous>,
     /// A header that, with the credential, makes the scope, such as `Stripe-Account` for a
     /// platform that calls for many accounts with one key; repeatable, all HMACed together.
     #[arg(long = "scope-header", value_name = "NAME")]
@@ -83,8 +98,8 @@ pub struct ProxyArgs {
     /// as `Request-Id`; repeatable.
     #[arg(long = "store-header", value_name = "NAME")]
     pub store_headers: Vec<HeaderName>,
-    /// Refuse requests without the credential header with 401 (default: they share one
-    /// anonymous scope).
+    /// Refuse every request without the credential with 401, whatever its method or route
+    /// (default: only covered requests need it; webhook routes need none).
     #[arg(long)]
     pub require_auth: bool,
     /// Pass POST/PATCH requests without an Idempotency-Key through untouched (default: 400).
@@ -123,12 +138,15 @@ pub struct ProxyArgs {
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:8081";
 const DEFAULT_STORE: &str = "sqlite://idem-proxy.db";
+/// Where versions before the secret moved into the store kept it.
+const LEGACY_SECRET_FILE: &str = "idem-proxy.secret";
 
 /// What the flags and the configuration file make together.
 struct Settings {
     listen: std::net::SocketAddr,
     upstream: Option<Uri>,
     store: String,
+    credential: Credential,
     defaults: RouteRules,
     routes: Vec<idem_gateway::Route>,
 }
@@ -136,13 +154,20 @@ struct Settings {
 impl ProxyArgs {
     /// The settings from `file` (if any) with the flags given on top of its top-level values.
     fn settings(&self, file: Option<&ConfigFile>) -> Settings {
-        // The file lists the credential header among the scope headers (it is always part of
+        let credential = self
+            .credential
+            .clone()
+            .or_else(|| self.credential_header.clone().map(Credential::Header))
+            .or_else(|| file.and_then(|f| f.credential.clone()))
+            .unwrap_or_default();
+        // The file lists a credential header among the scope headers (it is always part of
         // the scope); the gateway's scope headers are those HMACed besides it.
-        let credential = &self.credential_header;
+        let not_the_credential =
+            |h: &HeaderName| !matches!(&credential, Credential::Header(c) if c == h);
         let mut defaults = RouteRules::default();
         if let Some(file) = file {
             file.defaults.apply(&mut defaults);
-            defaults.scope_headers.retain(|h| h != credential);
+            defaults.scope_headers.retain(not_the_credential);
         }
         if !self.scope_headers.is_empty() {
             defaults.scope_headers = self.scope_headers.clone();
@@ -161,6 +186,9 @@ impl ProxyArgs {
         }
         if let Some(in_flight) = self.in_flight {
             defaults.in_flight = in_flight;
+        }
+        if let Some(anonymous) = self.anonymous {
+            defaults.anonymous = anonymous;
         }
         Settings {
             listen: self
@@ -182,11 +210,12 @@ impl ProxyArgs {
                 .unwrap_or_default()
                 .into_iter()
                 .map(|mut route| {
-                    route.rules.scope_headers.retain(|h| h != credential);
+                    route.rules.scope_headers.retain(not_the_credential);
                     route
                 })
                 .collect(),
             defaults,
+            credential,
         }
     }
 }
@@ -206,13 +235,10 @@ fn check_config(args: &ProxyArgs, path: &std::path::Path) -> anyhow::Result<Exit
         println!("upstream = \"{upstream}\"");
     }
     println!("store = \"{}\"", redact(&settings.store));
+    println!("credential = \"{}\"", settings.credential);
     print!(
         "\n{}",
-        idem_gateway::describe(
-            &settings.routes,
-            &settings.defaults,
-            &args.credential_header
-        )
+        idem_gateway::describe(&settings.routes, &settings.defaults, &settings.credential)
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -279,27 +305,43 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         .upstream
         .clone()
         .context("no upstream: give --upstream URL or upstream = \"URL\" in --config")?;
-    let secret = match &args.secret {
-        Some(secret) => Secret::new(secret.as_bytes().to_vec()).context("--secret")?,
-        None => Secret::load_or_create(&args.secret_file)?,
+    // Everything that can be checked before the store is open is, so a bad flag or file
+    // stops the start at once.
+    let given = match (&args.secret, &args.secret_file) {
+        (Some(secret), _) => Some(secret.clone().into_bytes()),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!(
+                    "--secret-file {}: give a file that holds the secret (say 32 random bytes \
+                     in hex), or leave --secret-file out to keep the secret in the store",
+                    path.display()
+                )
+            })?;
+            Some(text.trim().as_bytes().to_vec())
+        }
+        (None, None) => None,
     };
-    let mut config = GatewayConfig::new(upstream.clone(), secret)?;
-    config.credential_header = args.credential_header.clone();
-    config.set_default_rules(&settings.defaults);
-    config.routes = settings.routes;
-    config.require_auth = args.require_auth;
-    config.forwarding = args.forward_key;
-    config.on_5xx = args.on_5xx;
-    config.on_timeout = args.on_timeout;
-    config.upstream_timeout = Duration::from_secs(args.upstream_timeout_secs);
-    config.clock = Arc::new(idem_core::SystemClock);
-    config.upstream_tls = args.upstream_tls.load()?;
-    config.tls = args.tls.load()?;
+    if let Some(bytes) = &given {
+        let flag = if args.secret.is_some() {
+            "--secret"
+        } else {
+            "--secret-file"
+        };
+        Secret::new(bytes.clone()).context(flag)?;
+    }
+    let start = Start {
+        upstream,
+        upstream_tls: args.upstream_tls.load()?,
+        tls: args.tls.load()?,
+        given,
+        settings,
+        args,
+    };
 
-    let listener = TcpListener::bind(settings.listen)
+    let listener = TcpListener::bind(start.settings.listen)
         .await
-        .with_context(|| format!("cannot listen on {}", settings.listen))?;
-    let admin = match args.admin_listen {
+        .with_context(|| format!("cannot listen on {}", start.settings.listen))?;
+    let admin = match start.args.admin_listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
                 .await
@@ -309,43 +351,123 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     };
     println!(
         "idem proxy: listening on {}://{} -> {} (store {})",
-        if config.tls.is_some() {
-            "https"
-        } else {
-            "http"
-        },
+        if start.tls.is_some() { "https" } else { "http" },
         listener.local_addr()?,
-        upstream,
-        redact(&settings.store)
+        start.upstream,
+        redact(&start.settings.store)
     );
-    match store_url(&args, &settings.store)? {
+    let store = start.settings.store.clone();
+    match store_url(&start.args, &store)? {
         StoreUrl::Sqlite(url) => {
             let store = SqliteStore::connect(&url)
                 .await
                 .with_context(|| format!("cannot open the store {url}"))?;
-            run_on(listener, admin, store, config).await
+            run_on(listener, admin, store, start).await
         }
         StoreUrl::Postgres(url) => {
             let mut store = PgStore::connect(&url)
                 .await
                 .with_context(|| format!("cannot open the store {}", redact(&url)))?;
-            if let Some(direct) = &args.notify_database_url {
+            if let Some(direct) = &start.args.notify_database_url {
                 store = store.with_notify_url(direct).with_context(|| {
                     format!("cannot use the notify database URL {}", redact(direct))
                 })?;
             }
-            run_on(listener, admin, store, config).await
+            run_on(listener, admin, store, start).await
         }
         StoreUrl::Redis(url) => {
-            let store = RedisStore::connect(&url, args.redis_prefix.clone())
+            let store = RedisStore::connect(&url, start.args.redis_prefix.clone())
                 .await
                 .with_context(|| format!("cannot open the store {}", redact(&url)))?
                 .wait_for_replicas(
-                    args.redis_wait_replicas,
-                    Duration::from_millis(args.redis_wait_timeout_ms),
+                    start.args.redis_wait_replicas,
+                    Duration::from_millis(start.args.redis_wait_timeout_ms),
                 );
-            run_on(listener, admin, store, config).await
+            run_on(listener, admin, store, start).await
         }
+    }
+}
+
+/// What the gateway is made of once the flags and the file are read, all but the store.
+struct Start {
+    args: ProxyArgs,
+    settings: Settings,
+    upstream: Uri,
+    upstream_tls: ClientTls,
+    tls: Option<ServerTls>,
+    /// The secret given by --secret or --secret-file (checked); `None`: the store's.
+    given: Option<Vec<u8>>,
+}
+
+impl Start {
+    /// The secret the gateway runs with: the one given, or the one every proxy on `store`
+    /// shares (made now if this is the first).
+    async fn secret<St: SharedSecret>(&mut self, store: &St) -> anyhow::Result<Secret> {
+        if let Some(given) = self.given.take() {
+            // Advice only: a proxy with its own secret needs nothing from the store to start.
+            let differs = Secret::differs_from_store(store, &given)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %idem_core::ErrorChain(&e), "cannot compare the given secret with the store's");
+                    false
+                });
+            if differs {
+                tracing::warn!(
+                    "the store holds a shared secret other than the one given: proxies on this \
+                     store started without --secret use the store's, so they derive other \
+                     scopes than this one (a retry that crosses from one to the other runs \
+                     again). Give them all the same secret, or none"
+                );
+            }
+            return Ok(Secret::new(given)?);
+        }
+        let legacy = PathBuf::from(LEGACY_SECRET_FILE);
+        let (secret, origin) = Secret::shared(store, &legacy).await?;
+        // The id (an HMAC under the secret, which gives nothing of it away) is the same in
+        // every proxy with the same secret: one line per proxy shows that they agree.
+        let id = secret.id();
+        match origin {
+            SecretOrigin::Created => tracing::info!(
+                secret_id = %id,
+                "made the scope secret and stored it, for every proxy on this store"
+            ),
+            SecretOrigin::File(path) => tracing::warn!(
+                secret_id = %id,
+                "moved the secret of {} into the store, so the keys stored under it keep their \
+                 scopes and every proxy on this store shares it; from now on the store's copy \
+                 is the one that counts, and the file may be deleted",
+                path.display()
+            ),
+            SecretOrigin::StoreOverFile(path) => tracing::warn!(
+                secret_id = %id,
+                "{} holds another secret than the store, where another proxy put its own: \
+                 using the store's, which every proxy on this store shares. Keys first sent \
+                 through this proxy under the file's secret are not found again (a retry of \
+                 one is sent upstream again, with the same key) until their retention ends. \
+                 Delete the file to silence this",
+                path.display()
+            ),
+            _ => tracing::info!(secret_id = %id, "read the scope secret from the store"),
+        }
+        Ok(secret)
+    }
+
+    /// The gateway's configuration, with `secret`.
+    fn config(&self, secret: Secret) -> anyhow::Result<GatewayConfig> {
+        let args = &self.args;
+        let mut config = GatewayConfig::new(self.upstream.clone(), secret)?;
+        config.credential = self.settings.credential.clone();
+        config.set_default_rules(&self.settings.defaults);
+        config.routes = self.settings.routes.clone();
+        config.require_auth = args.require_auth;
+        config.forwarding = args.forward_key;
+        config.on_5xx = args.on_5xx;
+        config.on_timeout = args.on_timeout;
+        config.upstream_timeout = Duration::from_secs(args.upstream_timeout_secs);
+        config.clock = Arc::new(idem_core::SystemClock);
+        config.upstream_tls = self.upstream_tls.clone();
+        config.tls = self.tls.clone();
+        Ok(config)
     }
 }
 
@@ -367,12 +489,14 @@ fn store_url(args: &ProxyArgs, store: &str) -> anyhow::Result<StoreUrl> {
     Ok(url)
 }
 
-async fn run_on<St: OutcomeChannel>(
+async fn run_on<St: OutcomeChannel + SharedSecret>(
     listener: TcpListener,
     admin: Option<TcpListener>,
     store: St,
-    mut config: GatewayConfig,
+    mut start: Start,
 ) -> anyhow::Result<ExitCode> {
+    let secret = start.secret(&store).await?;
+    let mut config = start.config(secret)?;
     // Only a proxy with a route that waits listens (a connection held for good) and
     // publishes.
     let waits = |in_flight: InFlight| matches!(in_flight, InFlight::Wait(_));

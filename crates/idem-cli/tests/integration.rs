@@ -20,6 +20,7 @@ mod postgres_failover;
 mod proxy_binary;
 mod proxy_cluster;
 mod proxy_config;
+mod proxy_instances;
 mod simulate;
 mod simulate_url;
 mod sqlite_crash;

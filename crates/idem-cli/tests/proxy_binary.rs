@@ -71,14 +71,21 @@ async fn the_proxy_answers_health_and_metrics_and_replays() {
         metrics.contains("idem_requests_total{outcome=\"replay\"}"),
         "{metrics}"
     );
-    // The secret was generated and kept, readable by its owner only.
-    let secret = dir.path().join("idem-proxy.secret");
-    assert!(secret.exists());
-    use std::os::unix::fs::PermissionsExt;
-    assert_eq!(
-        std::fs::metadata(secret).unwrap().permissions().mode() & 0o777,
-        0o600
-    );
+    // The scope secret was made and kept in the store, beside the records it scopes, where
+    // any other proxy on the store finds it; no file was made for it.
+    assert!(!dir.path().join("idem-proxy.secret").exists());
+    let db = sqlx::SqlitePool::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("idem-proxy.db").display()
+    ))
+    .await
+    .unwrap();
+    let secret: String =
+        sqlx::query_scalar("SELECT value FROM idem_secrets WHERE name = 'idem-proxy-scope'")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+    assert_eq!(secret.len(), 64, "32 random bytes in hex");
 }
 
 /// `--store-header request-id`: a replay carries the upstream's `Request-Id` (an SDK shows it

@@ -514,3 +514,42 @@ async fn under_a_primary_kill_with_wait_clients_see_only_503_and_every_acknowled
     let log = proxy.log();
     assert!(!log.contains("panicked"), "the proxy's log:\n{log}");
 }
+
+/// Two proxies on one cluster, each started without `--secret` from a directory of its own
+/// (two pods): a request sent to the first and retried with the same key at the second is
+/// replayed, since the scope secret lives in the cluster (one key, made by whichever proxy
+/// started first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_two_proxies_share_their_scopes() {
+    let cluster = RedisCluster::start(3, 0);
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (upstream_url, upstream) = start_upstream().await;
+    let (a, b) = tokio::join!(
+        start_proxy(one.path(), &upstream_url, &cluster, &[]),
+        start_proxy(two.path(), &upstream_url, &cluster, &[]),
+    );
+    let client = reqwest::Client::new();
+    let mut replays = 0;
+    for i in 0..20 {
+        let (key, body) = (format!("crossed-{i:04}"), format!(r#"{{"n":{i}}}"#));
+        let sent = post(&client, &format!("{}/orders", a.url), &key, &body).await;
+        let retried = post(&client, &format!("{}/orders", b.url), &key, &body).await;
+        assert_eq!(
+            (sent.status, retried.status),
+            (201, 201),
+            "{key}: {retried:?}"
+        );
+        if retried.replayed && retried.body == sent.body {
+            replays += 1;
+        }
+    }
+    let calls: usize = upstream.lock().calls.values().sum();
+    println!(
+        "two proxies on a cluster, 20 keys sent to one and retried at the other: {calls} upstream calls, {replays} replays"
+    );
+    assert_eq!((calls, replays), (20, 20));
+    for proxy in [&a, &b] {
+        let log = proxy.log();
+        assert!(!log.contains("panicked"), "a proxy's log:\n{log}");
+    }
+}

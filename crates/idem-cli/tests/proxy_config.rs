@@ -74,8 +74,90 @@ fn check_config_prints_every_route_with_its_defaults() {
         "{stdout}"
     );
     assert_eq!(stdout.matches("in_flight = \"409\"").count(), 0, "{stdout}");
+    // Where the credential is, and what a request without it gets: the webhook routes are
+    // scoped by their route, the others refuse it.
+    assert!(
+        stdout.contains("credential = \"header:authorization\""),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("anonymous = \"route\"").count(),
+        2,
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("anonymous = \"refuse\"").count(),
+        2,
+        "{stdout}"
+    );
     // Nothing was started and no secret was made.
     assert!(!dir.path().join("idem-proxy.secret").exists());
+    assert!(!dir.path().join("idem-proxy.db").exists());
+}
+
+/// A session cookie as the credential, from the file or the flags; `--credential-header`
+/// still names a header; `anonymous` from the file or `--anonymous`.
+#[test]
+fn the_credential_and_the_anonymous_rule_come_from_the_file_or_the_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(
+        dir.path(),
+        "gateway.toml",
+        "upstream = \"http://127.0.0.1:1\"\ncredential = \"cookie:session\"\n\n[[route]]\nmatch = \"POST /public/quotes\"\nanonymous = \"shared\"\n",
+    );
+    let check = |extra: &[&str]| {
+        let mut args = vec!["proxy", "--check-config", &path];
+        args.extend_from_slice(extra);
+        let out = idem(dir.path(), &args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(0), "{extra:?}: {stdout}");
+        stdout
+    };
+    let from_file = check(&[]);
+    assert!(
+        from_file.contains("credential = \"cookie:session\""),
+        "{from_file}"
+    );
+    assert!(from_file.contains("anonymous = \"shared\""), "{from_file}");
+    assert!(from_file.contains("anonymous = \"refuse\""), "{from_file}");
+    let flagged = check(&["--credential", "cookie:sid", "--anonymous", "shared"]);
+    assert!(flagged.contains("credential = \"cookie:sid\""), "{flagged}");
+    assert_eq!(
+        flagged.matches("anonymous = \"shared\"").count(),
+        2,
+        "{flagged}"
+    );
+    let header = check(&["--credential-header", "X-Api-Key"]);
+    assert!(
+        header.contains("credential = \"header:x-api-key\""),
+        "{header}"
+    );
+    assert!(
+        header.contains("scope_headers = [\"x-api-key\"]"),
+        "{header}"
+    );
+
+    for (flags, needle) in [
+        (
+            &["--credential", "session"][..],
+            "expected \"header:NAME\" or \"cookie:NAME\"",
+        ),
+        (
+            &["--anonymous", "allow"][..],
+            "expected \"refuse\", \"route\" or \"shared\"",
+        ),
+        (
+            &["--credential", "cookie:s", "--credential-header", "x-a"][..],
+            "cannot be used with",
+        ),
+    ] {
+        let mut args = vec!["proxy", "--check-config", &path];
+        args.extend_from_slice(flags);
+        let out = idem(dir.path(), &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {stderr}");
+        assert!(stderr.contains(needle), "{flags:?}: {stderr}");
+    }
 }
 
 /// README's HTTPS walk-through runs `examples/gateway.toml`: it must stay a valid file with
@@ -176,6 +258,8 @@ fn check_config_names_the_line_of_each_error() {
         ("[[route]]\nmatch = \"POST /a\"\nkey_header = [\"K-Key\"]\nkey_from = \"body:/id\"\n", 3, "cannot both"),
         ("[[route]]\nmatch = \"POST /a\"\nin_flight = \"wait forever\"\n", 3, "not a duration"),
         ("store = \"sqlite://x.db\"\nin_flight = \"wait 2m\"\n", 2, "waits at most 1m"),
+        ("upstream = \"http://a:1\"\ncredential = \"cookie:\"\n", 2, "cookie:NAME"),
+        ("[[route]]\nmatch = \"POST /a\"\nanonymous = \"nobody\"\n", 3, "expected \"refuse\""),
     ]
     .into_iter()
     .enumerate()

@@ -24,6 +24,7 @@ use idem_core::{ErrorDialect, Fingerprint};
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::credential::{Anonymous, Credential};
 use crate::duration::{display_duration, parse_duration};
 use crate::routes::{RouteError, RoutePattern};
 use crate::wake::InFlight;
@@ -87,6 +88,10 @@ pub struct RouteRules {
     /// Headers HMACed with the credential into the scope (the credential header itself is
     /// always part of it and not listed here).
     pub scope_headers: Vec<HeaderName>,
+    /// What a covered request without the credential gets. A route read from a file with
+    /// `key_from` (an inbound webhook) is [`Anonymous::Route`] unless it says otherwise;
+    /// routes made in code say so themselves.
+    pub anonymous: Anonymous,
     /// What of the body the fingerprint covers.
     pub fingerprint: FingerprintRule,
     /// What a duplicate of a running request gets.
@@ -106,6 +111,7 @@ impl Default for RouteRules {
             key: KeyRule::Required,
             key_from: KeyFrom::default(),
             scope_headers: Vec::new(),
+            anonymous: Anonymous::Refuse,
             fingerprint: FingerprintRule::Whole,
             in_flight: InFlight::Refuse,
             store_headers: Vec::new(),
@@ -134,6 +140,8 @@ pub struct Defaults {
     pub key: Option<KeyRule>,
     /// `scope_headers`, the credential header left out.
     pub scope_headers: Option<Vec<HeaderName>>,
+    /// `anonymous`.
+    pub anonymous: Option<Anonymous>,
     /// `store_headers`.
     pub store_headers: Option<Vec<HeaderName>>,
     /// `errors`.
@@ -151,6 +159,7 @@ impl Defaults {
         let given = Overrides {
             key: self.key,
             scope_headers: self.scope_headers.clone(),
+            anonymous: self.anonymous,
             store_headers: self.store_headers.clone(),
             errors: self.errors,
             retention: self.retention,
@@ -168,6 +177,7 @@ struct Overrides {
     key: Option<KeyRule>,
     key_from: Option<KeyFrom>,
     scope_headers: Option<Vec<HeaderName>>,
+    anonymous: Option<Anonymous>,
     fingerprint: Option<FingerprintRule>,
     in_flight: Option<InFlight>,
     store_headers: Option<Vec<HeaderName>>,
@@ -186,6 +196,7 @@ impl Overrides {
         overlay(&mut rules.key, &self.key);
         overlay(&mut rules.key_from, &self.key_from);
         overlay(&mut rules.scope_headers, &self.scope_headers);
+        overlay(&mut rules.anonymous, &self.anonymous);
         overlay(&mut rules.fingerprint, &self.fingerprint);
         overlay(&mut rules.in_flight, &self.in_flight);
         overlay(&mut rules.store_headers, &self.store_headers);
@@ -211,6 +222,8 @@ pub struct ConfigFile {
     pub upstream: Option<Uri>,
     /// `store` (a store URL, checked when it is opened).
     pub store: Option<String>,
+    /// `credential`: where the caller's credential is (`header:NAME`, `cookie:NAME`).
+    pub credential: Option<Credential>,
     /// The top-level rules.
     pub defaults: Defaults,
     routes: Vec<RouteDraft>,
@@ -236,9 +249,12 @@ impl ConfigFile {
             upstream: spanned(raw.upstream, |s| parse_upstream(&s))
                 .map_err(|(span, m)| at(span, m))?,
             store: raw.store,
+            credential: spanned(raw.credential, |s| s.parse::<Credential>())
+                .map_err(|(s, m)| at(s, m))?,
             defaults: Defaults {
                 key: raw.key,
                 scope_headers: header_list(raw.scope_headers).map_err(|(s, m)| at(s, m))?,
+                anonymous: parse_anonymous(raw.anonymous).map_err(|(s, m)| at(s, m))?,
                 store_headers: header_list(raw.store_headers).map_err(|(s, m)| at(s, m))?,
                 errors: raw.errors.map(Into::into),
                 retention: spanned(raw.retention, |s| parse_duration(&s))
@@ -318,6 +334,11 @@ fn spanned<T, E: fmt::Display>(
         .transpose()
 }
 
+/// A route's or the top level's `anonymous`.
+fn parse_anonymous(value: Option<Spanned<String>>) -> Result<Option<Anonymous>, Located> {
+    spanned(value, |s| s.parse::<Anonymous>())
+}
+
 /// A route's or the top level's `in_flight`, its error naming the key.
 fn parse_in_flight(value: Option<Spanned<String>>) -> Result<Option<InFlight>, Located> {
     spanned(value, |s| {
@@ -372,8 +393,10 @@ struct RawFile {
     listen: Option<Spanned<String>>,
     upstream: Option<Spanned<String>>,
     store: Option<String>,
+    credential: Option<Spanned<String>>,
     key: Option<KeyRule>,
     scope_headers: Option<Vec<Spanned<String>>>,
+    anonymous: Option<Spanned<String>>,
     store_headers: Option<Vec<Spanned<String>>>,
     errors: Option<Dialect>,
     retention: Option<Spanned<String>>,
@@ -391,6 +414,7 @@ struct RawRoute {
     key_header: Option<Spanned<Vec<Spanned<String>>>>,
     key_from: Option<Spanned<String>>,
     scope_headers: Option<Vec<Spanned<String>>>,
+    anonymous: Option<Spanned<String>>,
     fingerprint: Option<Spanned<RawFingerprint>>,
     in_flight: Option<Spanned<String>>,
     store_headers: Option<Vec<Spanned<String>>>,
@@ -439,6 +463,9 @@ impl RawRoute {
             }
             None => None,
         };
+        // The sender's delivery id is the key: a webhook sender has no caller's credential to
+        // send, so its deliveries are scoped by their route unless the route says otherwise.
+        let from_sender = self.key_from.is_some();
         let key_from = match (key_header, self.key_from) {
             (Some((span, _)), Some(_)) => {
                 return Err((
@@ -453,6 +480,7 @@ impl RawRoute {
             key: self.key,
             key_from,
             scope_headers: header_list(self.scope_headers)?,
+            anonymous: parse_anonymous(self.anonymous)?.or(from_sender.then_some(Anonymous::Route)),
             fingerprint: self.fingerprint.map(RawFingerprint::validate).transpose()?,
             in_flight: parse_in_flight(self.in_flight)?,
             store_headers: header_list(self.store_headers)?,
@@ -514,10 +542,11 @@ impl KeyRule {
 }
 
 impl RouteRules {
-    /// The rules as `(name, value)` pairs, named as the file names them: the credential
-    /// header `credential` is listed first among the scope headers, since it is always part
-    /// of the scope. A route with `key = "off"` has nothing else to say.
-    pub fn described(&self, credential: &HeaderName) -> Vec<(&'static str, serde_json::Value)> {
+    /// The rules as `(name, value)` pairs, named as the file names them: a credential header
+    /// is listed first among the scope headers, since it is always part of the scope (a
+    /// credential cookie is not a header, and is said once, at the top). A route with
+    /// `key = "off"` has nothing else to say.
+    pub fn described(&self, credential: &Credential) -> Vec<(&'static str, serde_json::Value)> {
         use serde_json::{Value, json};
         let names = |names: &[HeaderName]| -> Value {
             names
@@ -534,15 +563,22 @@ impl RouteRules {
             KeyFrom::Headers(headers) => ("key_header", names(headers)),
             KeyFrom::Body(pointer) => ("key_from", format!("body:{pointer}").into()),
         });
-        let scope: Vec<HeaderName> = std::iter::once(credential.clone())
+        let header = match credential {
+            Credential::Header(name) => Some(name),
+            Credential::Cookie(_) => None,
+        };
+        let scope: Vec<HeaderName> = header
+            .cloned()
+            .into_iter()
             .chain(
                 self.scope_headers
                     .iter()
-                    .filter(|h| *h != credential)
+                    .filter(|h| Some(*h) != header)
                     .cloned(),
             )
             .collect();
         pairs.push(("scope_headers", names(&scope)));
+        pairs.push(("anonymous", self.anonymous.as_str().into()));
         pairs.push((
             "fingerprint",
             match &self.fingerprint {
@@ -569,7 +605,7 @@ impl RouteRules {
 /// The effective rules as a configuration file would write them: the defaults (for requests
 /// no route matches) first, then every route with its defaults filled in. What
 /// `idem proxy --check-config` prints.
-pub fn describe(routes: &[Route], defaults: &RouteRules, credential: &HeaderName) -> String {
+pub fn describe(routes: &[Route], defaults: &RouteRules, credential: &Credential) -> String {
     use std::fmt::Write as _;
     let mut out = String::from("# requests that match no route\n");
     let write_rules = |out: &mut String, rules: &RouteRules| {
@@ -654,6 +690,21 @@ mod tests {
         );
         assert_eq!(routes[2].rules.key_from, KeyFrom::Body("/id".into()));
         assert_eq!(routes[3].rules.key, KeyRule::Off);
+        // Webhook routes need no credential: the sender's id is the key, scoped by the route.
+        let anonymous: Vec<Anonymous> = routes.iter().map(|r| r.rules.anonymous).collect();
+        assert_eq!(
+            anonymous,
+            [
+                Anonymous::Refuse,
+                Anonymous::Route,
+                Anonymous::Route,
+                Anonymous::Refuse
+            ]
+        );
+        assert_eq!(
+            file.credential, None,
+            "the default: the Authorization header"
+        );
         // Inherited from the defaults.
         assert_eq!(routes[1].rules.retention, Duration::from_secs(86_400));
         assert_eq!(
@@ -742,6 +793,27 @@ mod tests {
         ("\n\nlisten = \"localhost\"\n", 3, "listen"),
         ("[[route]]\nkey = \"off\"\n", 1, "missing field `match`"),
         ("[[route]]\nmatch = \"POST v1\"\n", 2, "path"),
+        (
+            "upstream = \"http://a:1\"\ncredential = \"session\"\n",
+            2,
+            "expected \"header:NAME\" or \"cookie:NAME\"",
+        ),
+        ("\ncredential = \"cookie:a b\"\n", 2, "cookie:NAME"),
+        (
+            "anonymous = \"allow\"\n",
+            1,
+            "expected \"refuse\", \"route\" or \"shared\"",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\nanonymous = \"share\"\n",
+            3,
+            "anonymous \"share\"",
+        ),
+        (
+            "[[route]]\nmatch = \"POST /a\"\ncredential = \"cookie:s\"\n",
+            3,
+            "unknown field `credential`",
+        ),
     ];
 
     /// Each kind of error names the line of the value at fault.
@@ -814,6 +886,43 @@ mod tests {
             None,
             "without it the defaults are left as they were"
         );
+    }
+
+    /// `credential` at the top; `anonymous` at the top (inherited) and per route, where an
+    /// explicit rule wins over a webhook route's own default.
+    #[test]
+    fn credential_and_anonymous_rules_are_read_and_inherited() {
+        let file = ConfigFile::parse(
+            "credential = \"cookie:session\"\nanonymous = \"shared\"\n[[route]]\nmatch = \"POST /a\"\n[[route]]\nmatch = \"POST /b\"\nanonymous = \"refuse\"\n[[route]]\nmatch = \"POST /hooks/a\"\nkey_from = \"body:/id\"\n[[route]]\nmatch = \"POST /hooks/b\"\nkey_from = \"body:/id\"\nanonymous = \"refuse\"\n[[route]]\nmatch = \"POST /c\"\nkey_header = [\"X-Key\"]\n",
+        )
+        .unwrap();
+        assert_eq!(file.credential, Some(Credential::Cookie("session".into())));
+        let mut defaults = RouteRules::default();
+        file.defaults.apply(&mut defaults);
+        assert_eq!(defaults.anonymous, Anonymous::Shared);
+        let anonymous: Vec<Anonymous> = file
+            .routes(&defaults)
+            .iter()
+            .map(|route| route.rules.anonymous)
+            .collect();
+        assert_eq!(
+            anonymous,
+            [
+                Anonymous::Shared,
+                Anonymous::Refuse,
+                Anonymous::Route,
+                Anonymous::Refuse,
+                // key_header names the client's key: not a webhook's.
+                Anonymous::Shared,
+            ]
+        );
+        let described = describe(
+            &file.routes(&defaults),
+            &defaults,
+            file.credential.as_ref().unwrap(),
+        );
+        assert!(described.contains("anonymous = \"route\""), "{described}");
+        assert!(described.contains("scope_headers = []"), "{described}");
     }
 
     #[test]

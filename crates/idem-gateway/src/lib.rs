@@ -1,10 +1,13 @@
 //! `idem proxy`: the idempotency contract (docs/contract.md §2) in front of any HTTP API, in any language.
 //!
 //! The gateway is [`idem_tower::IdempotencyLayer`] in lease mode around a reverse proxy. It
-//! scopes keys to the caller's credential as HMAC-SHA256(server secret, credential), so a
-//! guessed key never reaches another client's response, forwards the key (or a key derived
-//! from it) so an idempotent upstream can dedupe too, and tells the layer what each upstream
-//! answer means:
+//! scopes keys to the caller's credential (a header, or a session cookie: [`Credential`]) as
+//! HMAC-SHA256(server secret, credential), so a guessed key never reaches another client's
+//! response, refuses a covered request that carries no credential with `401
+//! urn:idem:problem:no-credential` rather than file it under a scope shared with every other
+//! such caller ([`Anonymous`]; a webhook route is scoped by its route), forwards the key (or a
+//! key derived from it) so an idempotent upstream can dedupe too, and tells the layer what
+//! each upstream answer means:
 //!
 //! | upstream | client gets | the key |
 //! | --- | --- | --- |
@@ -16,6 +19,9 @@
 //! An answer larger than the storage cap (`Policy::storage_cap`, 1 MiB) is stored with its
 //! body omitted as soon as that shows, then streamed on, so the gateway holds at most the cap
 //! of it; uncovered methods and `key = "off"` routes stream both ways untouched.
+//!
+//! Gateways that share a store share their scopes: the secret lives in the store, made by
+//! whichever starts first ([`Secret::shared`]), unless one is given ([`Secret::new`]).
 //!
 //! Paths may have rules of their own ([`GatewayConfig::routes`], read from a configuration
 //! file by [`ConfigFile`]): each route gets its own layer over the one upstream client, and a
@@ -42,15 +48,16 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, Method, StatusCode, Uri, header};
-use idem_core::{AccountId, Clock, ErrorDialect, Policy, SystemClock};
+use idem_core::{AccountId, Clock, ErrorDialect, Policy, ProblemKind, SystemClock};
 use idem_store::Store;
-use idem_tower::{IdempotencyLayer, LeaseMode, Outcome, OutcomeSignal, ResponseBody};
+use idem_tower::{IdempotencyLayer, LeaseMode, Outcome, OutcomeSignal, ResponseBody, Unidentified};
 use tokio::net::TcpListener;
 use tower::Layer as _;
 use tower::ServiceExt;
 use tower::util::BoxCloneSyncService;
 
 mod config;
+mod credential;
 mod duration;
 mod routes;
 mod secret;
@@ -63,8 +70,9 @@ pub use config::{
     ConfigError, ConfigFile, Defaults, FingerprintRule, KeyFrom, KeyRule, Route, RouteRules,
     describe,
 };
+pub use credential::{Anonymous, AnonymousError, Credential, CredentialError};
 pub use routes::{RouteError, RoutePattern};
-pub use secret::{Secret, SecretError};
+pub use secret::{SCOPE_SECRET, Secret, SecretError, SecretOrigin};
 pub use tls::{ClientTls, ServerTls, TlsError};
 pub use upstream::KeyForwarding;
 pub use wake::{InFlight, InFlightError, outcome_signal};
@@ -100,14 +108,20 @@ pub struct GatewayConfig {
     pub upstream: Uri,
     /// The HMAC key for scopes and derived keys.
     pub secret: Secret,
-    /// The header whose value identifies the caller (default `Authorization`).
-    pub credential_header: HeaderName,
+    /// Where the caller's credential is: a header (default `Authorization`) or a cookie.
+    pub credential: Credential,
     /// More headers that, with the credential, make the scope (all HMACed together), such as
     /// `Stripe-Account`: a platform that calls for many accounts with one API key gets a
     /// scope per account, so one account's response is never replayed to another.
     pub scope_headers: Vec<HeaderName>,
-    /// Refuse requests without a credential with `401` (default: they share one anonymous
-    /// scope).
+    /// What a covered request without the credential gets on paths no route matches (default:
+    /// `401 no-credential`).
+    pub anonymous: Anonymous,
+    /// Refuse every request without the credential with `401 no-credential`, whatever its
+    /// method, route or key: uncovered methods, `key = "off"` routes, keyless requests where
+    /// keys are optional and webhook routes included, so the gateway lets no anonymous caller
+    /// through (default: only covered requests need it, as [`anonymous`](Self::anonymous) and
+    /// each route's rule say).
     pub require_auth: bool,
     /// The idempotency policy; `require_key` false passes keyless requests through untouched.
     pub policy: Policy,
@@ -158,8 +172,9 @@ impl GatewayConfig {
         Ok(Self {
             upstream,
             secret,
-            credential_header: header::AUTHORIZATION,
+            credential: Credential::default(),
             scope_headers: Vec::new(),
+            anonymous: Anonymous::Refuse,
             require_auth: false,
             policy: Policy::default(),
             forwarding: KeyForwarding::AsSent,
@@ -189,6 +204,7 @@ impl GatewayConfig {
                 KeyRule::Optional
             },
             scope_headers: self.scope_headers.clone(),
+            anonymous: self.anonymous,
             store_headers: self
                 .policy
                 .stored_headers
@@ -210,6 +226,7 @@ impl GatewayConfig {
             self.policy.covered_methods.clear();
         }
         self.scope_headers = rules.scope_headers.clone();
+        self.anonymous = rules.anonymous;
         self.policy.stored_headers = rules
             .store_headers
             .iter()
@@ -220,9 +237,12 @@ impl GatewayConfig {
         self.in_flight = rules.in_flight;
     }
 
-    /// Applies a configuration file: its `[defaults]` over this configuration's own rules,
-    /// then its routes, each over those defaults.
+    /// Applies a configuration file: its credential, its `[defaults]` over this
+    /// configuration's own rules, then its routes, each over those defaults.
     pub fn apply_file(&mut self, file: &ConfigFile) {
+        if let Some(credential) = &file.credential {
+            self.credential = credential.clone();
+        }
         let mut defaults = self.default_rules();
         file.defaults.apply(&mut defaults);
         self.set_default_rules(&defaults);
@@ -255,21 +275,28 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
     let defaults = config.default_rules();
     let fallback = route_service(&base, &config, &defaults, None, &upstream, &signal);
     let mut published = published_policy(&route_policy(&config, &defaults, None), &config);
+    published["credential"] = config.credential.to_string().into();
+    published["anonymous"] = defaults.anonymous.as_str().into();
     let services = if config.routes.is_empty() {
         fallback
     } else {
         published["routes"] = config
             .routes
             .iter()
-            .map(|route| published_route(route, &config.credential_header))
+            .map(|route| published_route(route, &config.credential))
             .collect();
         let routes = config
             .routes
             .iter()
             .map(|route| {
-                let method = Some(route.pattern.method());
-                let service =
-                    route_service(&base, &config, &route.rules, method, &upstream, &signal);
+                let service = route_service(
+                    &base,
+                    &config,
+                    &route.rules,
+                    Some(&route.pattern),
+                    &upstream,
+                    &signal,
+                );
                 (route.pattern.clone(), service)
             })
             .collect();
@@ -290,9 +317,9 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
         // and clones the router behind it).
         return router;
     }
-    let auth = Arc::new(config.credential_header.clone());
+    let credential = Arc::new(config.credential.clone());
     router.layer(axum::middleware::from_fn_with_state(
-        auth,
+        credential,
         require_credential,
     ))
 }
@@ -331,22 +358,27 @@ fn route_service<St: Store>(
     base: &IdempotencyLayer<LeaseMode<St>>,
     config: &GatewayConfig,
     rules: &RouteRules,
-    method: Option<&Method>,
+    pattern: Option<&RoutePattern>,
     upstream: &Upstream,
     signal: &OutcomeSignal,
 ) -> routes::RouteService {
     if rules.key == KeyRule::Off {
         return BoxCloneSyncService::new(upstream.clone());
     }
-    let secret = config.secret.clone();
-    let credential = config.credential_header.clone();
-    let scope_headers = rules.scope_headers.clone();
+    let scoping = Scoping {
+        secret: config.secret.clone(),
+        credential: config.credential.clone(),
+        scope_headers: rules.scope_headers.clone(),
+        anonymous: rules.anonymous,
+        route: pattern.map_or_else(|| "*".to_owned(), RoutePattern::to_string),
+    };
+    let method = pattern.map(RoutePattern::method);
     let layer = base
         .clone()
         .with_policy(route_policy(config, rules, method))
         .with_policy_link(POLICY_PATH)
         .with_error_dialect(rules.errors)
-        .with_account(move |parts| Ok(scope_of(&secret, &credential, &scope_headers, parts)));
+        .with_account(move |parts| scoping.account(parts));
     let layer = match &rules.key_from {
         // The layer's own default keeps its messages naming `Idempotency-Key` as spelled.
         key_from if *key_from == KeyFrom::default() => layer,
@@ -365,7 +397,16 @@ fn route_service<St: Store>(
         layer.layer(upstream.clone()),
         |response: http::Response<ResponseBody<Body>>| response.map(Body::new),
     );
-    BoxCloneSyncService::new(service)
+    match config.credential.challenge() {
+        Some(challenge) if rules.anonymous == Anonymous::Refuse => {
+            BoxCloneSyncService::new(Challenged {
+                inner: service,
+                credential: Arc::new(config.credential.clone()),
+                challenge,
+            })
+        }
+        _ => BoxCloneSyncService::new(service),
+    }
 }
 
 /// Applies a route's `in_flight`: a duplicate waits for the original's outcome, woken by
@@ -382,7 +423,7 @@ fn with_in_flight<St: Store>(
 }
 
 /// A route's rules as the published policy lists them.
-fn published_route(route: &Route, credential: &HeaderName) -> serde_json::Value {
+fn published_route(route: &Route, credential: &Credential) -> serde_json::Value {
     let mut published = serde_json::Map::new();
     published.insert("match".into(), route.pattern.to_string().into());
     for (name, value) in route.rules.described(credential) {
@@ -418,73 +459,159 @@ fn published_policy(policy: &Policy, config: &GatewayConfig) -> serde_json::Valu
     published
 }
 
-/// The account a request is scoped to: the HMAC of its credential and its scope headers under
-/// the server secret, so neither is ever stored. With no scope headers configured the HMAC is
-/// the credential's alone, as before they existed, so records made then still match.
-fn scope_of(
-    secret: &Secret,
-    credential: &HeaderName,
-    scope_headers: &[HeaderName],
-    parts: &http::request::Parts,
-) -> AccountId {
-    // Each scope header as its name and, so that absent and empty differ, a marker byte
-    // before its value.
-    let mut extra: Vec<Vec<u8>> = Vec::with_capacity(2 * scope_headers.len());
-    for name in scope_headers {
-        extra.push(name.as_str().as_bytes().to_vec());
-        extra.push(match parts.headers.get(name) {
-            Some(value) => [&[1u8][..], value.as_bytes()].concat(),
-            None => vec![0],
-        });
-    }
-    let any_scope_value = scope_headers.iter().any(|h| parts.headers.contains_key(h));
-    let mut hashed: Vec<&[u8]> = Vec::with_capacity(2 + extra.len());
-    match parts.headers.get(credential) {
-        Some(value) => hashed.extend([&b"idem-scope"[..], value.as_bytes()]),
-        None if !any_scope_value => return AccountId::new("anonymous"),
-        None => hashed.push(b"idem-scope-anonymous"),
-    }
-    hashed.extend(extra.iter().map(Vec::as_slice));
-    AccountId::new(format!("hmac:{}", &secret.hmac_hex(&hashed)[..32]))
+/// How a route finds the account a request is scoped to.
+struct Scoping {
+    secret: Secret,
+    credential: Credential,
+    scope_headers: Vec<HeaderName>,
+    anonymous: Anonymous,
+    /// The route's `match` (`*` for requests no route matches), for [`Anonymous::Route`].
+    route: String,
 }
 
-/// Refuses a request without the credential header with `401`.
+impl Scoping {
+    /// The HMAC of the request's credential and its scope headers under the server secret, so
+    /// neither is ever stored. With no scope headers configured the HMAC is the credential's
+    /// alone, and a header credential is hashed as it was before cookies and scope headers
+    /// existed, so records made then still match. Without a credential: the route's rule
+    /// ([`Anonymous`]).
+    fn account(&self, parts: &http::request::Parts) -> Result<AccountId, Unidentified> {
+        // Each scope header as its name and, so that absent and empty differ, a marker byte
+        // before its value.
+        let mut extra: Vec<Vec<u8>> = Vec::with_capacity(2 * self.scope_headers.len());
+        for name in &self.scope_headers {
+            extra.push(name.as_str().as_bytes().to_vec());
+            extra.push(match parts.headers.get(name) {
+                Some(value) => [&[1u8][..], value.as_bytes()].concat(),
+                None => vec![0],
+            });
+        }
+        let any_scope_value = self
+            .scope_headers
+            .iter()
+            .any(|h| parts.headers.contains_key(h));
+        let values = self.credential.values(&parts.headers);
+        let count = values.len().to_be_bytes();
+        let mut hashed: Vec<&[u8]> = Vec::with_capacity(3 + values.len() + extra.len());
+        match (&self.credential, values.is_empty(), self.anonymous) {
+            (Credential::Header(_), false, _) => hashed.extend([&b"idem-scope"[..], values[0]]),
+            (Credential::Cookie(name), false, _) => {
+                hashed.extend([&b"idem-scope-cookie"[..], name.as_bytes(), &count]);
+                hashed.extend(values);
+            }
+            (_, true, Anonymous::Refuse) => {
+                if let Some(seen) = parts.extensions.get::<RefusedForNoCredential>() {
+                    seen.0.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                return Err(Unidentified::NoCredential(format!(
+                    "this request needs {}: its key is scoped to the caller it identifies, so \
+                     that no caller is ever replayed another's answer; nothing was run or stored",
+                    self.credential.needed()
+                )));
+            }
+            (_, true, Anonymous::Route) if !any_scope_value => {
+                return Ok(AccountId::new(format!("route:{}", self.route)));
+            }
+            (_, true, Anonymous::Route) => {
+                hashed.extend([&b"idem-scope-route"[..], self.route.as_bytes()]);
+            }
+            // Where gateways before the refusal filed every caller without a credential.
+            (_, true, Anonymous::Shared) if !any_scope_value => {
+                return Ok(AccountId::new("anonymous"));
+            }
+            (_, true, Anonymous::Shared) => hashed.push(b"idem-scope-anonymous"),
+        }
+        hashed.extend(extra.iter().map(Vec::as_slice));
+        Ok(AccountId::new(format!(
+            "hmac:{}",
+            &self.secret.hmac_hex(&hashed)[..32]
+        )))
+    }
+}
+
+/// Set by a route's [`Scoping`] when it refuses the request for want of a credential, so that
+/// [`Challenged`] adds the challenge to that refusal only (not to an upstream's own `401`).
+#[derive(Clone)]
+struct RefusedForNoCredential(Arc<std::sync::atomic::AtomicBool>);
+
+/// A route's service that adds `WWW-Authenticate` to the layer's `401 no-credential`.
+#[derive(Clone)]
+struct Challenged<S> {
+    inner: S,
+    credential: Arc<Credential>,
+    challenge: HeaderValue,
+}
+
+impl<S> tower::Service<Request> for Challenged<S>
+where
+    S: tower::Service<Request, Response = Response, Error = std::convert::Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::Either<
+        S::Future,
+        std::pin::Pin<Box<dyn Future<Output = Result<Response, Self::Error>> + Send>>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        // Most requests carry their credential: they go through as they are.
+        if self.credential.is_present(request.headers()) {
+            return futures_util::future::Either::Left(self.inner.call(request));
+        }
+        let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        request
+            .extensions_mut()
+            .insert(RefusedForNoCredential(seen.clone()));
+        let answer = self.inner.call(request);
+        let challenge = self.challenge.clone();
+        futures_util::future::Either::Right(Box::pin(async move {
+            let mut response = answer.await?;
+            if seen.load(std::sync::atomic::Ordering::Relaxed) {
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, challenge);
+            }
+            Ok(response)
+        }))
+    }
+}
+
+/// `require_auth`: refuses every request without the credential with `401 no-credential`.
 async fn require_credential(
-    State(header_name): State<Arc<HeaderName>>,
+    State(credential): State<Arc<Credential>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if !request.headers().contains_key(&*header_name) {
-        let body = serde_problem(
-            StatusCode::UNAUTHORIZED,
-            &format!("this gateway requires the {header_name} header"),
-        );
-        return (
-            StatusCode::UNAUTHORIZED,
-            [
-                (
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/problem+json"),
-                ),
-                (header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer")),
-            ],
-            body,
-        )
-            .into_response();
+    if credential.is_present(request.headers()) {
+        return next.run(request).await;
     }
-    next.run(request).await
-}
-
-fn serde_problem(status: StatusCode, detail: &str) -> Body {
-    Body::from(
-        idem_core::Problem::other(
-            "unauthorized",
-            "Authentication required",
-            status.as_u16(),
-            detail,
-        )
-        .to_json(),
+    let problem = ProblemKind::NoCredential.with_detail(format!(
+        "this gateway requires {} on every request; nothing was forwarded",
+        credential.needed()
+    ));
+    let mut response = (
+        StatusCode::UNAUTHORIZED,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        )],
+        problem.to_json(),
     )
+        .into_response();
+    if let Some(challenge) = credential.challenge() {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, challenge);
+    }
+    response
 }
 
 /// Serves the gateway on `listener` until `shutdown` completes, closing connections whose

@@ -1,13 +1,22 @@
 //! The gateway's server secret: the HMAC key that turns credentials into account scopes.
+//!
+//! Gateways that share a store must derive the same scope from the same credential, or a retry
+//! that reaches another instance is a new request and runs again. So by default the secret
+//! lives in the store ([`Secret::shared`]): the first gateway to start makes it
+//! (insert-if-absent) and every other reads it. One given explicitly ([`Secret::new`], from
+//! `--secret` or a file) is used as it is, and kept out of the store.
 
 use std::fmt;
-use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use hmac::{Hmac, KeyInit, Mac};
+use idem_store::SharedSecret;
 use rand::RngCore;
 use sha2::Sha256;
+
+/// The name of the scope secret among a store's shared secrets.
+pub const SCOPE_SECRET: &str = "idem-proxy-scope";
 
 /// The secret the gateway keys its HMACs with. Never printed.
 ///
@@ -30,8 +39,8 @@ pub enum SecretError {
     /// The secret is too short to be a key.
     #[error("the secret must be at least 16 bytes")]
     TooShort,
-    /// The secret file could not be read or created.
-    #[error("cannot use the secret file {path}")]
+    /// The secret file could not be read.
+    #[error("cannot read the secret file {path}")]
     File {
         /// The file.
         path: String,
@@ -39,6 +48,26 @@ pub enum SecretError {
         #[source]
         source: std::io::Error,
     },
+    /// The store could not keep or give the shared secret.
+    #[error("cannot read or store the gateway's secret in the store")]
+    Store(#[source] idem_store::Error),
+}
+
+/// Where the secret of [`Secret::shared`] came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SecretOrigin {
+    /// Made now and stored: the first gateway on this store.
+    Created,
+    /// Read from the store, where a gateway put it before.
+    Store,
+    /// An earlier version's secret file, moved into the store (which held none), so the
+    /// records made under it keep their scopes.
+    File(PathBuf),
+    /// The store's secret, which differs from the secret file's: the file was this instance's
+    /// own while another instance's secret went into the store. Records this instance made
+    /// under the file's secret are no longer found, until their retention ends.
+    StoreOverFile(PathBuf),
 }
 
 impl Secret {
@@ -52,36 +81,74 @@ impl Secret {
         Ok(Self(Arc::new(keyed)))
     }
 
-    /// Reads the secret from `path`, or, when the file does not exist, generates 32 random
-    /// bytes and keeps them there (mode 0600) so scopes survive restarts.
-    pub fn load_or_create(path: &Path) -> Result<Self, SecretError> {
-        let file_error = |source| SecretError::File {
-            path: path.display().to_string(),
-            source,
-        };
-        match std::fs::read_to_string(path) {
-            Ok(text) => return Self::new(text.trim().as_bytes().to_vec()),
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(file_error(e)),
-            Err(_) => {}
-        }
-        let mut bytes = [0u8; 32];
-        rand::rng().fill_bytes(&mut bytes);
-        let text = hex::encode(bytes);
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        match options.open(path) {
-            Ok(mut file) => {
-                file.write_all(text.as_bytes()).map_err(file_error)?;
-                file.sync_all().map_err(file_error)?;
-                tracing::info!(path = %path.display(), "generated a new gateway secret");
-                Self::new(text.into_bytes())
+    /// The secret every gateway on `store` shares: the store's, or, on the first start, one
+    /// made now and stored there (insert-if-absent, so of gateways starting together one
+    /// makes it and the others read it).
+    ///
+    /// `legacy_file` is where earlier versions kept a secret of their own (`idem-proxy.secret`):
+    /// when it exists and the store holds no secret yet, its secret goes into the store, so
+    /// the records made under it keep their scopes. When the store holds another, the store's
+    /// wins (every instance must agree), and [`SecretOrigin::StoreOverFile`] says so. Nothing
+    /// is written to the file.
+    pub async fn shared<St: SharedSecret>(
+        store: &St,
+        legacy_file: &Path,
+    ) -> Result<(Self, SecretOrigin), SecretError> {
+        let from_file = match read_file(legacy_file) {
+            Ok(text) => Some(text),
+            Err(SecretError::File { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
             }
-            // Another instance created it first: use theirs.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Self::load_or_create(path),
-            Err(e) => Err(file_error(e)),
-        }
+            Err(e) => return Err(e),
+        };
+        let candidate = match &from_file {
+            Some(text) => text.clone(),
+            None => {
+                let mut bytes = [0u8; 32];
+                rand::rng().fill_bytes(&mut bytes);
+                hex::encode(bytes)
+            }
+        };
+        let shared = store
+            .share_secret(SCOPE_SECRET, &candidate)
+            .await
+            .map_err(SecretError::Store)?;
+        let file = || legacy_file.to_path_buf();
+        let origin = match (
+            from_file.is_some(),
+            shared.value == candidate,
+            shared.inserted,
+        ) {
+            (false, _, true) => SecretOrigin::Created,
+            (true, true, true) => SecretOrigin::File(file()),
+            // The file's secret went into the store at an earlier start (or every instance
+            // had the same file).
+            (_, true, false) | (false, false, false) => SecretOrigin::Store,
+            (true, false, _) => SecretOrigin::StoreOverFile(file()),
+        };
+        Ok((Self::new(shared.value.into_bytes())?, origin))
+    }
+
+    /// Whether `store` holds a shared secret other than `given` (a secret given explicitly):
+    /// gateways on that store started without one use the store's, and so derive other scopes
+    /// than a gateway with `given`.
+    pub async fn differs_from_store<St: SharedSecret>(
+        store: &St,
+        given: &[u8],
+    ) -> Result<bool, SecretError> {
+        let stored = store
+            .read_secret(SCOPE_SECRET)
+            .await
+            .map_err(SecretError::Store)?;
+        Ok(stored.is_some_and(|stored| stored.as_bytes() != given))
+    }
+
+    /// A short name of the secret that gives nothing of it away (an HMAC of a fixed text under
+    /// it): the same in every gateway that has the same secret, for logs and checks.
+    pub fn id(&self) -> String {
+        self.hmac_hex(&[b"idem-secret-id"])[..12].to_owned()
     }
 
     /// HMAC-SHA256 of `parts` (length-prefixed, so no two lists collide), hex-encoded.
@@ -95,24 +162,19 @@ impl Secret {
     }
 }
 
+/// The text of the secret file at `path`, trimmed.
+fn read_file(path: &Path) -> Result<String, SecretError> {
+    std::fs::read_to_string(path)
+        .map(|text| text.trim().to_owned())
+        .map_err(|source| SecretError::File {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn generated_once_then_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("secret");
-        let first = Secret::load_or_create(&path).unwrap();
-        let again = Secret::load_or_create(&path).unwrap();
-        assert_eq!(first.hmac_hex(&[b"x"]), again.hmac_hex(&[b"x"]));
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o600);
-        }
-    }
 
     #[test]
     fn different_secrets_give_different_scopes() {

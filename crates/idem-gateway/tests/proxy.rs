@@ -539,7 +539,8 @@ async fn require_auth_refuses_requests_without_a_credential<St: Store>(store: St
             .body(BODY),
     )
     .await;
-    assert_eq!(answer.status, 401);
+    answer.assert_refused(401, "no-credential");
+    assert_eq!(answer.headers["www-authenticate"], "Bearer");
     assert_eq!(proxy.charges(), 0);
     let _ = proxy.upstream_addr;
 }

@@ -69,6 +69,7 @@ mod notify;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis_store;
+mod shared_secret;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
 #[cfg(feature = "sqlite")]
@@ -91,6 +92,7 @@ pub use notify::{OUTCOME_POLL, OutcomeChannel};
 pub use postgres::{MigrationError, NoPrimary, PgStore, PgTx, PgUrlError, migrate_pg};
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisStore, ReplicasUnconfirmed};
+pub use shared_secret::{Shared, SharedSecret};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{GroupCommitFailed, SqliteStore, SqliteTx};
 #[cfg(feature = "tokio-postgres")]
