@@ -126,6 +126,49 @@ async fn serve_through_pgbouncer_migrates_and_takes_concurrent_duplicates() {
     let paid = payments_per_key(&db).await;
     assert_eq!(paid.len(), KEYS, "one payment per key");
     assert!(paid.values().all(|&n| n == 1), "{paid:?}");
+
+    // Reads outside the layer's transactions, many at once: each must run the statement it
+    // prepared, on the server session it prepared it on (the pooler lends sessions per
+    // transaction), and answer its own payment.
+    let ids: Vec<String> = (0..KEYS)
+        .map(|i| {
+            let created = answers.iter().find(|(k, a)| *k == i && a.status == 201);
+            let body: serde_json::Value = serde_json::from_slice(&created.unwrap().1.body).unwrap();
+            body["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let reads = join_all(ids.iter().flat_map(|id| {
+        let (client, url) = (client.clone(), url.clone());
+        [format!("{url}/{id}"), format!("{url}?limit=5")]
+            .into_iter()
+            .map(move |target| {
+                let client = client.clone();
+                async move {
+                    let response = client.get(&target).bearer_auth(ALICE).send().await;
+                    let response = response.expect("the service answers");
+                    (
+                        target,
+                        response.status().as_u16(),
+                        response.text().await.unwrap(),
+                    )
+                }
+            })
+            .collect::<Vec<_>>()
+    }))
+    .await;
+    for (target, status, body) in reads {
+        assert_eq!(status, 200, "GET {target}: {body}");
+        if let Some(id) = target
+            .rsplit('/')
+            .next()
+            .filter(|id| id.starts_with("pay_"))
+        {
+            assert!(
+                body.contains(id),
+                "GET {target} answered another payment: {body}"
+            );
+        }
+    }
 }
 
 /// The gateway's upstream: counts its calls per key and answers `201` with a body naming the

@@ -281,13 +281,24 @@ macro_rules! shared_methods {
             account: &str,
             id: &str,
         ) -> Result<Option<Payment>, sqlx::Error> {
-            let row = sqlx::query($sql.find_payment)
+            let query = sqlx::query($sql.find_payment)
                 .persistent(self.persistent())
                 .bind(id)
-                .bind(account)
-                .fetch_optional(self$(.$readers())+)
+                .bind(account);
+            let row = if self.persistent() {
+                query.fetch_optional(self$(.$readers())+).await
+            } else {
+                // Behind a pooler an unnamed statement is prepared and run in two exchanges,
+                // which the pooler may give two server sessions unless a transaction holds one.
+                async {
+                    let mut tx = self$(.$readers())+.begin().await?;
+                    let row = query.fetch_optional(&mut *tx).await?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(row)
+                }
                 .await
-                .inspect_err(|e| self.failed(e))?;
+            }
+            .inspect_err(|e| self.failed(e))?;
             row.as_ref().map(payment_from_row).transpose()
         }
 
@@ -296,19 +307,30 @@ macro_rules! shared_methods {
             account: &str,
             limit: i64,
         ) -> Result<Vec<Payment>, sqlx::Error> {
-            let rows = sqlx::query($sql.list_payments)
+            let query = sqlx::query($sql.list_payments)
                 .persistent(self.persistent())
                 .bind(account)
-                .bind(limit)
-                .fetch_all(self$(.$readers())+)
+                .bind(limit);
+            let rows = if self.persistent() {
+                query.fetch_all(self$(.$readers())+).await
+            } else {
+                // As in `find_payment`: one server session for the preparation and the run.
+                async {
+                    let mut tx = self$(.$readers())+.begin().await?;
+                    let rows = query.fetch_all(&mut *tx).await?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(rows)
+                }
                 .await
-                .inspect_err(|e| self.failed(e))?;
+            }
+            .inspect_err(|e| self.failed(e))?;
             rows.iter().map(payment_from_row).collect()
         }
 
         async fn ping(&self) -> Result<(), sqlx::Error> {
-            sqlx::query("SELECT 1")
-                .persistent(self.persistent())
+            // The simple protocol: no statement to prepare, so behind a pooler no other
+            // client's statement can come between a preparation and its execution.
+            sqlx::raw_sql("SELECT 1")
                 .execute(self$(.$readers())+)
                 .await
                 .inspect_err(|e| self.failed(e))
