@@ -393,6 +393,14 @@ async fn a_racy_implementation_is_caught_and_its_rounds_counted() {
         "{}",
         concurrent.detail
     );
+    // The race is counted once: the later checks compare with the resource the key kept, so
+    // its replays pass. (Its keys are global, so other callers get account A's payment.)
+    assert_eq!(
+        report.names(Status::Fail),
+        ["concurrent", "account-scope", "unknown-token"],
+        "{}",
+        report.table()
+    );
 }
 
 #[tokio::test]

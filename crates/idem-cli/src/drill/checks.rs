@@ -49,7 +49,8 @@ const OTHER_MARKERS: [&str; 3] = [
 struct Original<'a> {
     /// The request with its key, as every copy of its round sent it.
     intent: &'a Intent,
-    /// The answer that did the work (never a refusal).
+    /// The answer that did the work (never a refusal); once the replay has shown which of a
+    /// racy round's resources the key kept, that one.
     answer: &'a Answer,
     /// The resource id in that answer.
     id: Option<String>,
@@ -152,12 +153,19 @@ impl Drill {
         checks.push(self.in_flight(&rounds));
         refusals.extend(in_flight_refusals(&rounds));
 
-        let original = original(self, &rounds);
-        match &original {
+        let mut original = original(self, &rounds);
+        match &mut original {
             Some(original) => {
-                let (replay, replayed) = self.replay(original).await;
+                let (replay, replayed, kept) = self.replay(original).await;
                 checks.push(replay);
                 checks.push(self.replay_marker(&rounds, replayed.as_ref()));
+                // A racy round made several resources; the later checks compare with the one
+                // the key kept, so the race is counted once, by concurrent.
+                if let Some(kept) = kept {
+                    original.id = self.id_of(kept);
+                    original.answer = kept;
+                }
+                let original = &*original;
                 checks.push(self.reordered(original).await);
                 checks.push(self.mismatch(original, &mut refusals).await);
                 checks.push(self.account_scope(original).await);
@@ -274,14 +282,17 @@ impl Drill {
     }
 
     /// docs/contract.md §7.2: the same request again, later. Returns the answer too, for the
-    /// marker check.
-    async fn replay(&self, original: &Original<'_>) -> (Check, Option<Answer>) {
+    /// marker check, and which of the round's answers it repeated.
+    async fn replay<'a>(
+        &self,
+        original: &Original<'a>,
+    ) -> (Check, Option<Answer>, Option<&'a Answer>) {
         let answer = match self.send(original.intent).await {
             Ok(answer) => answer,
             Err(e) => {
                 let mut findings = Findings::new(REPLAY, Rule::SameAnswer, e);
                 findings.depart(Rule::SameAnswer, "the first answer again");
-                return (findings.judge(self.config.profile), None);
+                return (findings.judge(self.config.profile), None, None);
             }
         };
         let mut saw = self.saw(&answer, original.id.as_deref(), "the same id");
@@ -319,7 +330,7 @@ impl Drill {
             }
         }
         let check = findings.judge(self.config.profile);
-        (check, first.map(|_| answer))
+        (check, first.map(|_| answer), first)
     }
 
     /// Replays marked as such: the replay above, and the copies of each round that got the
@@ -1135,10 +1146,14 @@ impl Drill {
             && resource_of(self, a) == resource_of(self, b)
     }
 
-    /// Whether `answer` hands out the original's resource: its id, or its very bytes.
+    /// Whether `answer` hands out a resource the original's round made: its id, or its very
+    /// bytes.
     fn carries(&self, answer: &Answer, original: &Original<'_>) -> bool {
         let id = self.id_of(answer);
-        (id.is_some() && id == original.id) || answer.body == original.answer.body
+        original
+            .made
+            .iter()
+            .any(|made| (id.is_some() && id == self.id_of(made)) || answer.body == made.body)
     }
 
     /// One answer in a few words: status, the id it carries (named `known_as` when it is
