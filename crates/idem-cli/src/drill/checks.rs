@@ -295,13 +295,18 @@ impl Drill {
                 return (findings.judge(self.config.profile), None, None);
             }
         };
-        let mut saw = self.saw(&answer, original.id.as_deref(), "the same id");
         // With a racy API, any of the round's resources is the one its key kept.
         let first = original
             .made
             .iter()
             .find(|a| self.same_resource(a, &answer))
             .copied();
+        let mut saw = match first.and_then(|f| self.id_of(f)) {
+            Some(kept) if Some(&kept) != original.id.as_ref() => {
+                self.saw(&answer, Some(&kept), "another id the round made")
+            }
+            _ => self.saw(&answer, original.id.as_deref(), "the same id"),
+        };
         let mut findings;
         match first {
             Some(first) if first.status == answer.status => {
@@ -734,7 +739,8 @@ impl Drill {
             .into_iter()
             .partition(|(_, rule, _)| rule.weight(profile) > Weight::Skipped);
         let mut refused = Vec::new();
-        let mut accepted: Vec<(Rule, String)> = Vec::new();
+        // (the rule, the form, what it got)
+        let mut accepted: Vec<(Rule, &str, String)> = Vec::new();
         let mut other_4xx = Vec::new();
         for (what, rule, values) in judged {
             let mut intent = self.post(&self.auth_a, &self.config.body).without_key();
@@ -757,14 +763,17 @@ impl Drill {
                         answer: a,
                     });
                 }
-                Ok(a) => accepted.push((rule, format!("{what} {}", a.status.as_u16()))),
-                Err(e) => accepted.push((rule, format!("{what}: {e}"))),
+                Ok(a) => accepted.push((rule, what, a.status.as_u16().to_string())),
+                Err(e) => accepted.push((rule, what, e)),
             }
         }
         let mut parts = Vec::new();
         if !accepted.is_empty() {
-            let names: Vec<&str> = accepted.iter().map(|(_, w)| w.as_str()).collect();
-            parts.push(format!("not refused: {}", names.join(", ")));
+            let got: Vec<String> = accepted
+                .iter()
+                .map(|(_, form, got)| format!("{form} {got}"))
+                .collect();
+            parts.push(format!("not refused: {}", got.join(", ")));
         }
         if !other_4xx.is_empty() {
             parts.push(format!(
@@ -784,7 +793,7 @@ impl Drill {
         }
         let mut findings = Findings::new(MALFORMED_KEY, Rule::KeySyntax, parts.join("; "));
         let mut rules: Vec<Rule> = Vec::new();
-        for (rule, _) in &accepted {
+        for (rule, _, _) in &accepted {
             if !rules.contains(rule) {
                 rules.push(*rule);
             }
@@ -792,8 +801,8 @@ impl Drill {
         for rule in rules {
             let forms: Vec<&str> = accepted
                 .iter()
-                .filter(|(r, _)| *r == rule)
-                .map(|(_, w)| w.as_str())
+                .filter(|(r, _, _)| *r == rule)
+                .map(|(_, form, _)| *form)
                 .collect();
             findings.depart(rule, format!("a refusal for {}", forms.join(", ")));
         }
