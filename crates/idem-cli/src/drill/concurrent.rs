@@ -325,7 +325,7 @@ impl Drill {
         let refused = conflicts + other.len();
         if refused == 0 {
             let saw = if waited > 0 {
-                format!("no copy was refused: {waited} waited for the original and got its answer")
+                format!("no copy was refused: {waited} got the original's answer")
             } else {
                 "no copy met the original in flight".to_owned()
             };
