@@ -295,11 +295,12 @@ impl Drill {
                 return (findings.judge(self.config.profile), None, None);
             }
         };
-        // With a racy API, any of the round's resources is the one its key kept.
+        // With a racy API, any of the round's resources is the one its key kept; an answer
+        // that carries one under another status is that answer, changed.
         let first = original
             .made
             .iter()
-            .find(|a| self.same_resource(a, &answer))
+            .find(|a| resource_of(self, a) == resource_of(self, &answer))
             .copied();
         let mut saw = match first.and_then(|f| self.id_of(f)) {
             Some(kept) if Some(&kept) != original.id.as_ref() => {
@@ -335,7 +336,9 @@ impl Drill {
             }
         }
         let check = findings.judge(self.config.profile);
-        (check, first.map(|_| answer), first)
+        // The marker is judged on a replay that is one; a changed status is no replay.
+        let replayed = first.filter(|f| f.status == answer.status).map(|_| answer);
+        (check, replayed, first)
     }
 
     /// Replays marked as such: the replay above, and the copies of each round that got the
