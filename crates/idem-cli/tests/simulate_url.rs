@@ -81,6 +81,41 @@ fn assert_keys_held(report: &Report) {
     assert!(report.keys_held(), "{}", report.table());
 }
 
+/// Against an API that requires keys, the run without them is refused intent by intent: the
+/// refusals are counted (no charge could happen) and the run with keys still measures. A
+/// refused token, a set-up error, stops the simulation instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_counted_and_a_refused_token_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let serve = Serve::start(&database).await;
+    let url = format!("{}/payments", serve.url);
+    let mut config = SimulateConfig::new(50, vec![LOSS]);
+    config.target = Some(api(&url, ALICE));
+    let report = simulate(&config, &ProgressBar::hidden()).await.unwrap();
+    let rate = &report.rates[0];
+    assert_eq!(rate.without_keys.run.refused, 50, "{}", report.table());
+    assert_eq!(rate.without_keys.run.intents_charged, 0);
+    assert_eq!(rate.without_keys.extra_charges, 0);
+    assert_eq!(rate.with_keys.run.refused, 0);
+    assert_eq!(rate.with_keys.run.intents_charged, 50);
+    assert_eq!(rate.with_keys.double_charges, 0);
+    assert!(
+        report
+            .table()
+            .contains("without keys, 50 intent(s) ended refused"),
+        "{}",
+        report.table()
+    );
+
+    config.target = Some(api(&url, "sk_test_nobody"));
+    let err = simulate(&config, &ProgressBar::hidden()).await.unwrap_err();
+    assert!(
+        format!("{err:#}").contains("was refused with 401"),
+        "{err:#}"
+    );
+}
+
 /// In both runs the list gained exactly the resources whose ids the answers carried.
 fn assert_list_agrees(rate: &RateReport) {
     for run in [&rate.without_keys.run, &rate.with_keys.run] {

@@ -315,6 +315,7 @@ mod tests {
             answers_lost: 0,
             answers_without_id: 0,
             unanswered: 0,
+            refused: 0,
         };
         let rate = |loss: f64, extra: u64| RateReport {
             loss,

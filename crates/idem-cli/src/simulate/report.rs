@@ -129,6 +129,9 @@ pub struct RunFacts {
     pub answers_without_id: u64,
     /// Intents that got no answer within the attempt limit.
     pub unanswered: u64,
+    /// Intents whose final answer was a refusal (a 4xx other than a set-up error such as 401
+    /// or 404): a key the API requires, a replay it answers with a 409. They show no charge.
+    pub refused: u64,
 }
 
 /// The statistics' prediction without keys.
@@ -265,6 +268,17 @@ impl Report {
                 "{unanswered} intent(s) got no answer within {} attempts (each was still charged).",
                 self.max_attempts
             );
+        }
+        for (loss, variant, run) in runs() {
+            if run.refused > 0 {
+                let _ = writeln!(
+                    out,
+                    "At {} {variant}, {} intent(s) ended refused (a 4xx that is not a set-up \
+                     error): no charge could be seen for them.",
+                    percent(loss),
+                    run.refused
+                );
+            }
         }
         let without_id: u64 = runs().map(|(_, _, run)| run.answers_without_id).sum();
         if without_id > 0 {

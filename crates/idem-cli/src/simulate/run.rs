@@ -469,6 +469,7 @@ struct Outcome {
     listed: Option<Listed>,
     proxy: ProxyCounts,
     unanswered: u64,
+    refused: u64,
 }
 
 impl Outcome {
@@ -489,6 +490,7 @@ impl Outcome {
             answers_lost: self.proxy.cut,
             answers_without_id: self.proxy.without_id,
             unanswered: self.unanswered,
+            refused: self.refused,
         }
     }
 }
@@ -536,7 +538,12 @@ async fn run_one(
         );
     }
     drop(proxy);
-    let unanswered = sent.into_iter().sum::<anyhow::Result<u64>>()?;
+    let mut ended = Ended::default();
+    for sender in sent {
+        let sender = sender?;
+        ended.unanswered += sender.unanswered;
+        ended.refused += sender.refused;
+    }
     let seen = Charges::per_intent(ids.values().map(|ids| ids.len() as u64));
     let listed = match (&api.list, before) {
         (Some(list), Some(before)) => {
@@ -565,7 +572,8 @@ async fn run_one(
         in_db,
         listed,
         proxy: counts,
-        unanswered,
+        unanswered: ended.unanswered,
+        refused: ended.refused,
     })
 }
 
@@ -590,6 +598,21 @@ fn client(seed: u64) -> anyhow::Result<Client> {
         .with_rng(StdRng::seed_from_u64(seed)))
 }
 
+/// How a sender's intents ended short of a success.
+#[derive(Debug, Clone, Copy, Default)]
+struct Ended {
+    /// Intents that got no answer within the attempt limit.
+    unanswered: u64,
+    /// Intents whose final answer was a refusal other than a set-up error.
+    refused: u64,
+}
+
+/// A final answer that says the simulation is set up wrong: a token refused (401, 403), no
+/// such route (404, 405), a body the API cannot read (413, 415).
+fn is_set_up_error(status: reqwest::StatusCode) -> bool {
+    matches!(status.as_u16(), 401 | 403 | 404 | 405 | 413 | 415)
+}
+
 /// One run's intents, shared by the tasks that send them: each takes the next number until
 /// all `requests` are taken.
 #[derive(Debug, Clone)]
@@ -605,23 +628,27 @@ struct Sender {
 }
 
 impl Sender {
-    /// Sends intents until none is left; how many got no answer.
-    async fn send_all(self) -> anyhow::Result<u64> {
-        let mut unanswered = 0u64;
+    /// Sends intents until none is left; how many got no answer, and how many a refusal.
+    async fn send_all(self) -> anyhow::Result<Ended> {
+        let mut ended = Ended::default();
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.requests {
-                return Ok(unanswered);
+                return Ok(ended);
             }
             match self.client.send(&self.intent(i)?).await {
                 Ok(answer) if answer.status.is_success() => {}
-                // A final refusal means the set-up is wrong, not that an answer was lost.
-                Ok(answer) => anyhow::bail!(
+                // These mean the set-up is wrong (the token, the URL, the method, the body),
+                // not that an answer was lost.
+                Ok(answer) if is_set_up_error(answer.status) => anyhow::bail!(
                     "intent {i} was refused with {}: {}",
                     answer.status,
                     String::from_utf8_lossy(&answer.body)
                 ),
-                Err(idem_client::Error::Transport { .. }) => unanswered += 1,
+                // The API's own answer to the intent (a key it requires, a replay it answers
+                // with a 409): counted, and the intent made no charge the figures can see.
+                Ok(_) => ended.refused += 1,
+                Err(idem_client::Error::Transport { .. }) => ended.unanswered += 1,
                 Err(e) => return Err(anyhow::Error::new(e).context(format!("intent {i}"))),
             }
             self.progress.inc(1);
