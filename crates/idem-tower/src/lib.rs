@@ -24,7 +24,17 @@
 //! every other caller ([`IdempotencyLayer::with_account`] and
 //! [`IdempotencyLayer::with_shared_anonymous_scope`] change that).
 //!
-//! In transaction mode the handler writes through the transaction the layer opened ([`Tx`]),
+//! gRPC calls (`content-type: application/grpc`) get the same contract on tonic's
+//! `Server::builder().layer(IdempotencyLayer::..)` (feature `tonic`): the key is the
+//! `idempotency-key` metadata; a replay carries the stored message and trailers
+//! (`grpc-status`, `grpc-message`, details, custom trailers) and `idempotent-replayed: true`;
+//! the layer's own refusals are gRPC statuses in trailers-only responses; what a status means
+//! for the key is [`idem_core::GrpcCode::class`]. Streaming methods must be named
+//! ([`IdempotencyLayer::with_grpc_streaming`]) to pass through untouched when they carry a key.
+//! The request body types the layer can hand on are those of [`RebuildBody`].
+//!
+//! In transaction mode the handler writes through the transaction the layer opened ([`Tx`]:
+//! an axum extractor, or [`Tx::from_extensions`] from any tower service, tonic's included),
 //! so the key and the business rows commit together:
 //!
 //! ```
@@ -70,23 +80,26 @@
 
 mod body;
 mod claim;
+mod grpc;
 mod layer;
 mod mode;
 mod outcome;
+mod rebuild;
 mod reconcile;
 mod response;
 mod section;
 mod signal;
+mod tx;
 
 #[cfg(feature = "axum")]
 mod extract;
 
 pub use body::ResponseBody;
-#[cfg(feature = "axum")]
-pub use extract::{NoTransaction, Tx};
 pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture, Unidentified};
 pub use mode::{LeaseMode, Mode, TransactionMode};
 pub use outcome::Outcome;
+pub use rebuild::RebuildBody;
 pub use reconcile::Reconciliation;
 pub use response::{IDEMPOTENT_REPLAY, IDEMPOTENT_REPLAYED};
 pub use signal::OutcomeSignal;
+pub use tx::{NoTransaction, Tx};
