@@ -156,7 +156,7 @@ async fn the_contract_holds_through(upstream: Upstream, gateway: Gateway) {
             .await
             .unwrap_err();
         assert_eq!(declined.code(), Code::FailedPrecondition);
-        assert_eq!(&declined.details()[..], b"declined: insufficient funds");
+        assert_eq!(declined.details(), b"declined: insufficient funds");
         assert_eq!(replayed(declined.metadata()), n == 1);
     }
     assert_eq!(upstream.payments.runs(Some("gw-key-0002")), 1);

@@ -231,7 +231,7 @@ async fn a_business_error_status_is_stored_and_replayed() {
     for status in [&first, &again] {
         assert_eq!(status.code(), Code::FailedPrecondition);
         assert_eq!(status.message(), "card declined");
-        assert_eq!(&status.details()[..], b"declined: insufficient funds");
+        assert_eq!(status.details(), b"declined: insufficient funds");
         assert_eq!(
             status.metadata().get("x-decline-code").unwrap(),
             "insufficient_funds"
