@@ -43,6 +43,7 @@ mod canonical_json;
 mod canonical_json_reference;
 mod error_chain;
 mod fingerprint;
+mod grpc;
 mod key;
 #[cfg(any(test, feature = "key-reference"))]
 #[doc(hidden)]
@@ -56,9 +57,12 @@ mod time;
 pub use canonical_json::{JsonError, MAX_DEPTH, canonical_json};
 pub use error_chain::ErrorChain;
 pub use fingerprint::{Fingerprint, RequestParts};
+pub use grpc::{GrpcClass, GrpcCode, grpc_message, is_grpc_content_type};
 pub use key::{IdempotencyKey, KeyError, KeyLimits};
 pub use policy::{Policy, PublishedPolicy};
 pub use problem::{ErrorDialect, Problem, ProblemKind};
-pub use record::{Decision, FencingToken, Record, RecordState, StoredResponse, decide};
+pub use record::{
+    Decision, FencingToken, Record, RecordState, StoredResponse, TRAILER_PREFIX, decide,
+};
 pub use scope::{AccountId, DownstreamKey, Scope};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

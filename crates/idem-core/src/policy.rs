@@ -109,6 +109,15 @@ impl Policy {
                 .any(|h| h.eq_ignore_ascii_case(&name))
     }
 
+    /// Whether the response trailer `name` is kept with a stored response: every trailer is
+    /// (a gRPC call's status and its custom trailing metadata), but never one of the fields
+    /// that are never stored as headers either.
+    pub fn stores_trailer(&self, name: &str) -> bool {
+        !NEVER_STORED
+            .iter()
+            .any(|never| never.eq_ignore_ascii_case(name))
+    }
+
     /// The rules as published at `GET /idempotency-policy`.
     pub fn published(&self, mode: &str) -> PublishedPolicy {
         PublishedPolicy {

@@ -4,6 +4,8 @@ use std::borrow::Cow;
 
 use serde::Serialize;
 
+use crate::GrpcCode;
+
 /// Every way the contract can refuse or defer a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -80,6 +82,23 @@ impl ProblemKind {
             Self::UpstreamTimeout => 504,
             Self::NoAccount | Self::HandlerFailed | Self::NoTransaction => 500,
             Self::NoCredential => 401,
+        }
+    }
+
+    /// The gRPC status a gRPC call gets for this problem instead of the HTTP status
+    /// (docs/contract.md §14), in a trailers-only response.
+    pub fn grpc_code(self) -> GrpcCode {
+        match self {
+            Self::MissingKey | Self::MalformedKey | Self::MalformedBody => {
+                GrpcCode::InvalidArgument
+            }
+            Self::Mismatch => GrpcCode::FailedPrecondition,
+            Self::InUse | Self::OutcomeUnknown => GrpcCode::Aborted,
+            Self::BodyTooLarge => GrpcCode::ResourceExhausted,
+            Self::BodyTimeout | Self::UpstreamTimeout => GrpcCode::DeadlineExceeded,
+            Self::StoreUnavailable | Self::UpstreamUnavailable => GrpcCode::Unavailable,
+            Self::NoAccount | Self::HandlerFailed | Self::NoTransaction => GrpcCode::Internal,
+            Self::NoCredential => GrpcCode::Unauthenticated,
         }
     }
 

@@ -33,12 +33,42 @@ pub struct FencingToken(pub i64);
 pub struct StoredResponse {
     /// HTTP status code.
     pub status: u16,
-    /// The allow-listed headers, in order, names in lower case.
+    /// The allow-listed headers, in order, names in lower case; then the trailers, each name
+    /// prefixed with [`TRAILER_PREFIX`] (see [`trailers`](Self::trailers)).
     pub headers: Vec<(String, String)>,
     /// The body bytes (empty when omitted).
     pub body: Vec<u8>,
     /// The body was larger than the storage cap and was not kept.
     pub body_omitted: bool,
+}
+
+/// Marks a stored field as a trailer (`trailer:grpc-status`): a name no header field can have,
+/// since `:` is not allowed in one, so trailers live among the headers and every store keeps
+/// them without a schema of its own, and a reader that knows nothing of trailers skips them.
+pub const TRAILER_PREFIX: &str = "trailer:";
+
+impl StoredResponse {
+    /// The stored header fields, trailers left out.
+    pub fn header_fields(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.headers
+            .iter()
+            .filter(|(name, _)| !name.starts_with(TRAILER_PREFIX))
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+    }
+
+    /// The stored trailers (a gRPC call's `grpc-status`, `grpc-message` and the like), names
+    /// without their prefix.
+    pub fn trailers(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.strip_prefix(TRAILER_PREFIX)?, value.as_str())))
+    }
+
+    /// Keeps the trailer `name: value`.
+    pub fn push_trailer(&mut self, name: &str, value: &str) {
+        self.headers
+            .push((format!("{TRAILER_PREFIX}{name}"), value.to_owned()));
+    }
 }
 
 /// Where a record stands.
@@ -188,6 +218,27 @@ mod tests {
             lease_until: Timestamp(lease_until),
             token: FencingToken(7),
         }
+    }
+
+    #[test]
+    fn trailers_are_kept_among_the_headers_and_read_apart() {
+        let mut stored = StoredResponse {
+            status: 200,
+            headers: vec![("content-type".into(), "application/grpc".into())],
+            body: vec![],
+            body_omitted: false,
+        };
+        stored.push_trailer("grpc-status", "0");
+        stored.push_trailer("x-ledger", "l-1");
+        assert_eq!(
+            stored.header_fields().collect::<Vec<_>>(),
+            [("content-type", "application/grpc")]
+        );
+        assert_eq!(
+            stored.trailers().collect::<Vec<_>>(),
+            [("grpc-status", "0"), ("x-ledger", "l-1")]
+        );
+        assert_eq!(stored.headers[1].0, "trailer:grpc-status");
     }
 
     #[test]

@@ -82,13 +82,28 @@ async fn accept_loop(
         match &acceptor {
             None => {
                 let peer = Peer { addr, tls };
-                let watched = graceful.watch(connection(
-                    stream,
-                    WithPeer::new(router, peer),
-                    head_timeout,
-                ));
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    let _ = watched.await;
+                    // gRPC clients speak HTTP/2 without TLS from their first byte (h2c with
+                    // prior knowledge); everyone else HTTP/1.1.
+                    match tokio::time::timeout(head_timeout, h2_preface(&stream)).await {
+                        Ok(Ok(true)) => {
+                            let _ = watcher
+                                .watch(h2_connection(stream, WithPeer::new(router, peer)))
+                                .await;
+                        }
+                        Ok(Ok(false)) => {
+                            let _ = watcher
+                                .watch(connection(
+                                    stream,
+                                    WithPeer::new(router, peer),
+                                    head_timeout,
+                                ))
+                                .await;
+                        }
+                        // Silent past the head's deadline, or gone.
+                        Ok(Err(_)) | Err(_) => {}
+                    }
                 });
             }
             Some(acceptor) => {
@@ -125,8 +140,33 @@ async fn accept_loop(
     Ok(())
 }
 
-/// An HTTP/2 connection (TLS with ALPN `h2` only). hyper has no head deadline for HTTP/2; its
-/// keep-alive pings close a connection whose peer stops answering.
+/// The first bytes of every HTTP/2 connection (RFC 9113 §3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether a plain TCP connection opens with HTTP/2's preface, from its first bytes, left
+/// unread for the connection that serves it. An HTTP/1.1 request differs from it by its second
+/// or third byte; a client that stops within the preface's first bytes is looked at again a
+/// millisecond later (the bytes it sent stay readable, so waiting for more would not block).
+async fn h2_preface(stream: &tokio::net::TcpStream) -> std::io::Result<bool> {
+    let mut first = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = stream.peek(&mut first).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if first[..n] != H2_PREFACE[..n] {
+            return Ok(false);
+        }
+        if n == H2_PREFACE.len() {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// An HTTP/2 connection: TLS with ALPN `h2`, or plain TCP that opened with HTTP/2's preface
+/// (gRPC's h2c). hyper has no head deadline for HTTP/2; its keep-alive pings close a
+/// connection whose peer stops answering.
 fn h2_connection<I>(
     io: I,
     service: WithPeer,
@@ -155,9 +195,9 @@ pub fn connection<I>(
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    // HTTP/1.1 only on plain TCP: the clients of a payments API speak it, and HTTP/2 detection
-    // would wait for a preface before any head deadline applies (over TLS, ALPN tells instead).
-    // No upgrades: nothing here speaks WebSocket.
+    // HTTP/1.1: the server loop sends a plain TCP connection that opens with HTTP/2's preface
+    // (within the head's deadline) to `h2_connection` instead; over TLS, ALPN tells. No
+    // upgrades: nothing here speaks WebSocket.
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

@@ -38,6 +38,9 @@ pub enum KeyForwarding {
 #[derive(Debug, Clone)]
 pub(crate) struct Upstream {
     pub(crate) client: Client<HttpsConnector<HttpConnector>, Body>,
+    /// For gRPC calls: HTTP/2 only, over TLS with ALPN `h2` or in clear text with prior
+    /// knowledge (h2c), as gRPC servers speak.
+    pub(crate) grpc_client: Client<HttpsConnector<HttpConnector>, Body>,
     pub(crate) base: Uri,
     pub(crate) timeout: Duration,
     pub(crate) forwarding: KeyForwarding,
@@ -54,6 +57,11 @@ impl Upstream {
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
         // The TLS layer above takes https; plain http passes through it untouched.
         connector.enforce_http(false);
+        let grpc_connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config((*tls.config()).clone())
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(connector.clone());
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config((*tls.config()).clone())
             .https_or_http()
@@ -61,6 +69,9 @@ impl Upstream {
             .wrap_connector(connector);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
+            grpc_client: Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .build(grpc_connector),
             base,
             timeout: Duration::from_secs(30),
             forwarding: KeyForwarding::AsSent,
@@ -75,6 +86,7 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Tells the upstream who called and how: `X-Forwarded-For` (the client's address appended to
 /// any the request brought), `X-Forwarded-Proto`, and `Forwarded` (RFC 7239) with `for`,
@@ -169,7 +181,27 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-fn problem(kind: ProblemKind, detail: &str, outcome: Outcome) -> Response<Body> {
+/// The gateway's own answer when the upstream failed: a problem-details response, or for a
+/// gRPC call a trailers-only response with the problem's gRPC status (docs/contract.md §14).
+fn problem(kind: ProblemKind, detail: &str, outcome: Outcome, grpc: bool) -> Response<Body> {
+    if grpc {
+        let mut response = Response::new(Body::empty());
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        headers.insert(
+            GRPC_STATUS,
+            HeaderValue::from_static(kind.grpc_code().as_field()),
+        );
+        let message = idem_core::grpc_message(&format!("{}: {detail}", kind.type_uri()));
+        if let Ok(message) = HeaderValue::try_from(message) {
+            headers.insert(HeaderName::from_static("grpc-message"), message);
+        }
+        response.extensions_mut().insert(outcome);
+        return response;
+    }
     let mut response = Response::new(Body::from(Bytes::from(kind.with_detail(detail).to_json())));
     *response.status_mut() = StatusCode::from_u16(kind.status()).expect("a valid status");
     response.headers_mut().insert(
@@ -201,6 +233,10 @@ impl Upstream {
     /// unknown.
     async fn forward(self, request: Request<Body>) -> Response<Body> {
         let (mut parts, body) = request.into_parts();
+        let grpc = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| idem_core::is_grpc_content_type(v.as_bytes()));
         let uri = match self.upstream_uri(&parts.uri) {
             Ok(uri) => uri,
             Err(e) => {
@@ -208,18 +244,30 @@ impl Upstream {
                     ProblemKind::UpstreamUnavailable,
                     &format!("cannot build the upstream URL: {e}"),
                     Outcome::Release,
+                    grpc,
                 );
             }
         };
         self.rewrite_headers(&mut parts);
         parts.uri = uri;
-        // The upstream hop is HTTP/1.1 whatever the client spoke: an HTTP/2 request (over
-        // TLS with ALPN) would otherwise be refused by the HTTP/1 client before it is sent.
-        parts.version = http::Version::HTTP_11;
         parts.extensions = Default::default();
+        let client = if grpc {
+            // gRPC is HTTP/2 end to end, and its servers want to hear that the client reads
+            // trailers (the one `TE` value HTTP/2 allows; stripped above as hop-by-hop).
+            parts.version = http::Version::HTTP_2;
+            parts
+                .headers
+                .insert(header::TE, HeaderValue::from_static("trailers"));
+            &self.grpc_client
+        } else {
+            // The upstream hop is HTTP/1.1 whatever the client spoke: an HTTP/2 request (over
+            // TLS with ALPN) would otherwise be refused by the HTTP/1 client before it is sent.
+            parts.version = http::Version::HTTP_11;
+            &self.client
+        };
         let outgoing = Request::from_parts(parts, body);
 
-        match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
+        match tokio::time::timeout(self.timeout, client.request(outgoing)).await {
             Ok(Ok(response)) => self.relay(response),
             // The connection was never made: nothing reached the upstream, so the key is
             // released and a retry runs fresh.
@@ -229,6 +277,7 @@ impl Upstream {
                     ProblemKind::UpstreamUnavailable,
                     "the upstream could not be reached; nothing was sent; retry with the same key",
                     Outcome::Release,
+                    grpc,
                 )
             }
             // Sent, then lost: the upstream may have acted.
@@ -238,12 +287,14 @@ impl Upstream {
                     ProblemKind::UpstreamUnavailable,
                     "the upstream connection failed after the request was sent; the outcome is unknown",
                     self.on_timeout.as_outcome(),
+                    grpc,
                 )
             }
             Err(_elapsed) => problem(
                 ProblemKind::UpstreamTimeout,
                 "the upstream did not answer in time; the outcome is unknown; retry with the same key",
                 self.on_timeout.as_outcome(),
+                grpc,
             ),
         }
     }
@@ -301,7 +352,15 @@ impl Upstream {
         // The client speaks its own HTTP version with the gateway, whatever the upstream
         // spoke.
         parts.version = http::Version::default();
-        if parts.status.is_server_error() {
+        // A gRPC server error (`INTERNAL`, `UNKNOWN`, `DATA_LOSS`) travels as HTTP 200; when it
+        // is in the headers (a trailers-only response, as errors are) it is the upstream's
+        // 5xx. In trailers after a message, the layer's rule for it applies.
+        let grpc_server_error = parts
+            .headers
+            .get(GRPC_STATUS)
+            .and_then(|v| idem_core::GrpcCode::from_field(v.as_bytes()))
+            .is_some_and(|code| code.class() == idem_core::GrpcClass::ServerError);
+        if parts.status.is_server_error() || grpc_server_error {
             parts.extensions.insert(match self.on_5xx {
                 UnknownOutcome::Store => Outcome::Store,
                 UnknownOutcome::Keep => Outcome::Unknown,

@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use idem_core::{Policy, StoredResponse};
 
-use crate::Outcome;
+use crate::{Outcome, grpc};
 
 pin_project_lite::pin_project! {
     /// The body of every response [`Idempotency`](crate::Idempotency) answers.
@@ -30,8 +30,8 @@ pin_project_lite::pin_project! {
 pin_project_lite::pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        /// Held whole; `None` once sent, or when empty.
-        Full { data: Option<Bytes> },
+        /// Held whole, then its trailers; each `None` once sent, or when there is none.
+        Full { data: Option<Bytes>, trailers: Option<HeaderMap> },
         /// The bytes the layer already read (`None` once sent, or when it read none), then
         /// the rest of the handler's body as it comes.
         Streamed { prefix: Option<Bytes>, #[pin] rest: B },
@@ -41,9 +41,15 @@ pin_project_lite::pin_project! {
 impl<B> ResponseBody<B> {
     /// A body of `data`, held whole.
     pub(crate) fn full(data: Bytes) -> Self {
+        Self::with_trailers(data, None)
+    }
+
+    /// A body of `data`, held whole, then `trailers` (a gRPC call's `grpc-status`).
+    pub(crate) fn with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
+                trailers: trailers.filter(|t| !t.is_empty()),
             },
         }
     }
@@ -92,7 +98,12 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Full { data } => Poll::Ready(data.take().map(|data| Ok(Frame::data(data)))),
+            KindProj::Full { data, trailers } => Poll::Ready(
+                data.take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
             KindProj::Streamed { prefix, rest } => match prefix.take() {
                 Some(prefix) => Poll::Ready(Some(Ok(Frame::data(prefix)))),
                 None => rest.poll_frame(cx),
@@ -102,14 +113,14 @@ impl<B: Body<Data = Bytes>> Body for ResponseBody<B> {
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Full { data } => data.is_none(),
+            Kind::Full { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Streamed { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { data } => {
+            Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Streamed { prefix, rest } => {
@@ -139,10 +150,11 @@ pub(crate) enum BufferError {
 /// Reads a handler's response up to the storage cap and decides what to keep of it: the
 /// response to pass on, the outcome it asks for, and what the store keeps.
 ///
-/// A body that ends within the cap is held whole and stored. A longer one is known from its
-/// first `cap + 1` bytes: its outcome comes from the head alone, it is stored with its body
-/// omitted, and the response carries the bytes read so far and then the rest of the body,
-/// unread, so the layer never holds more than the cap (and one frame) of it.
+/// A body that ends within the cap is held whole and stored, with its trailers (a gRPC call's
+/// status). A longer one is known from its first `cap + 1` bytes: its outcome comes from the
+/// head alone, it is stored with its body omitted, and the response carries the bytes read so
+/// far and then the rest of the body, unread, so the layer never holds more than the cap (and
+/// one frame) of it.
 pub(crate) async fn read_response<B>(
     policy: &Policy,
     response: Response<B>,
@@ -152,30 +164,53 @@ where
     B::Error: fmt::Display,
 {
     let (parts, mut body) = response.into_parts();
-    let (read, over_cap) = read_up_to(policy.storage_cap, &mut body).await?;
+    let read = read_up_to(policy.storage_cap, &mut body).await?;
     let status = parts.status.as_u16();
-    let outcome = parts
-        .extensions
-        .get::<Outcome>()
-        .copied()
-        .unwrap_or_else(|| Outcome::for_status(policy, status));
-    let stored = StoredResponse {
-        status,
-        headers: stored_headers(policy, &parts.headers),
-        body: if over_cap { Vec::new() } else { read.to_vec() },
-        body_omitted: over_cap,
+    let grpc = grpc::is_grpc(&parts.headers);
+    let outcome = match parts.extensions.get::<Outcome>() {
+        Some(outcome) => *outcome,
+        None if grpc => Outcome::for_grpc(
+            grpc::status(&parts.headers, read.trailers.as_ref()),
+            read.over_cap,
+        ),
+        None => Outcome::for_status(policy, status),
     };
-    let body = if over_cap {
-        ResponseBody::streamed(read, body)
+    let mut stored = StoredResponse {
+        status,
+        headers: stored_headers(policy, &parts.headers, grpc),
+        body: if read.over_cap {
+            Vec::new()
+        } else {
+            read.data.to_vec()
+        },
+        body_omitted: read.over_cap,
+    };
+    for (name, value) in read.trailers.iter().flatten() {
+        if let Ok(value) = value.to_str()
+            && policy.stores_trailer(name.as_str())
+        {
+            stored.push_trailer(name.as_str(), value);
+        }
+    }
+    let body = if read.over_cap {
+        ResponseBody::streamed(read.data, body)
     } else {
-        ResponseBody::full(read)
+        ResponseBody::with_trailers(read.data, read.trailers)
     };
     Ok((Response::from_parts(parts, body), outcome, stored))
 }
 
-/// Reads `body` until it ends or more than `cap` bytes have come: the bytes read, and whether
-/// there were more than `cap`. Trailers are not kept, as they never were.
-async fn read_up_to<B>(cap: usize, body: &mut B) -> Result<(Bytes, bool), BufferError>
+/// What [`read_up_to`] read of a body.
+struct Read {
+    data: Bytes,
+    /// More than the cap came: the body goes on past `data`.
+    over_cap: bool,
+    /// The trailers, when the body ended within the cap with some.
+    trailers: Option<HeaderMap>,
+}
+
+/// Reads `body` until it ends or more than `cap` bytes have come.
+async fn read_up_to<B>(cap: usize, body: &mut B) -> Result<Read, BufferError>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: fmt::Display,
@@ -183,24 +218,48 @@ where
     // A body that tells its length is read into one allocation, never larger than the cap.
     let expected = body.size_hint().lower().min(cap as u64 + 1);
     let mut read = BytesMut::with_capacity(usize::try_from(expected).unwrap_or(cap));
+    let mut trailers: Option<HeaderMap> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| BufferError::ReadBody(e.to_string()))?;
-        if let Ok(data) = frame.into_data() {
-            read.extend_from_slice(&data);
-            if read.len() > cap {
-                return Ok((read.freeze(), true));
+        match frame.into_data() {
+            Ok(data) => {
+                read.extend_from_slice(&data);
+                if read.len() > cap {
+                    return Ok(Read {
+                        data: read.freeze(),
+                        over_cap: true,
+                        trailers: None,
+                    });
+                }
+            }
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    trailers.get_or_insert_with(HeaderMap::new).extend(more);
+                }
             }
         }
     }
-    Ok((read.freeze(), false))
+    Ok(Read {
+        data: read.freeze(),
+        over_cap: false,
+        trailers,
+    })
 }
 
 /// The response headers the policy stores, as text; values that are not visible ASCII are
-/// dropped.
-fn stored_headers(policy: &Policy, headers: &HeaderMap) -> Vec<(String, String)> {
+/// dropped. A gRPC response keeps its status fields too; a trailers-only one (an error, its
+/// status in the headers) keeps every field a trailer would keep, since they are its trailing
+/// metadata, but `date`, which belongs to the one response.
+fn stored_headers(policy: &Policy, headers: &HeaderMap, grpc: bool) -> Vec<(String, String)> {
+    let trailers_only = grpc && headers.contains_key(grpc::GRPC_STATUS);
     headers
         .iter()
-        .filter(|(name, _)| policy.stores_header(name.as_str()))
+        .filter(|(name, _)| {
+            let name = name.as_str();
+            policy.stores_header(name)
+                || grpc && grpc::STATUS_FIELDS.contains(&name)
+                || trailers_only && policy.stores_trailer(name) && name != "date"
+        })
         .filter_map(|(name, value)| {
             Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
         })
@@ -310,6 +369,42 @@ mod tests {
             .unwrap();
         assert!(stored.body_omitted);
         assert_eq!(read_all(response.into_body()).await, Err("gone"));
+    }
+
+    /// A gRPC answer: a message, then its status in the trailers. Both reach the client and
+    /// the store; a transient status is not stored, a business one is.
+    #[tokio::test]
+    async fn trailers_are_passed_on_and_stored_and_a_grpc_status_decides() {
+        let answer = |status: &'static str| {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static(status));
+            trailers.insert("x-ledger", http::HeaderValue::from_static("l-1"));
+            let body = http_body_util::StreamBody::new(futures_util::stream::iter([
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"msg"))),
+                Ok(Frame::trailers(trailers)),
+            ]));
+            http::Response::builder()
+                .header("content-type", "application/grpc")
+                .body(body)
+                .unwrap()
+        };
+        let (response, outcome, stored) = read_response(&policy(64), answer("0")).await.unwrap();
+        assert_eq!(outcome, Outcome::Store);
+        assert_eq!(stored.body, b"msg");
+        assert_eq!(
+            stored.trailers().collect::<Vec<_>>(),
+            [("grpc-status", "0"), ("x-ledger", "l-1")]
+        );
+        let collected = response.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["x-ledger"], "l-1");
+        assert_eq!(collected.to_bytes(), "msg");
+
+        let (_, outcome, _) = read_response(&policy(64), answer("14")).await.unwrap();
+        assert_eq!(outcome, Outcome::Release, "UNAVAILABLE is not stored");
+        let (_, outcome, _) = read_response(&policy(64), answer("9")).await.unwrap();
+        assert_eq!(outcome, Outcome::Store, "FAILED_PRECONDITION is a result");
+        let (_, outcome, _) = read_response(&policy(64), answer("13")).await.unwrap();
+        assert_eq!(outcome, Outcome::Unknown, "INTERNAL follows the 5xx rule");
     }
 
     #[test]

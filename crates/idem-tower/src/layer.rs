@@ -23,8 +23,10 @@ use tower::{Layer, Service};
 
 use crate::body::ResponseBody;
 use crate::claim::Claim;
+use crate::grpc::{self, GrpcMethods};
 use crate::mode::{LeaseMode, Mode, TransactionMode};
-use crate::response::{Refusal, Refused, Served, answer, store_unavailable};
+use crate::rebuild::RebuildBody;
+use crate::response::{MadeBody, Refusal, Refused, Served, answer, store_unavailable};
 use crate::section::{Panicked, Section};
 use crate::sweep::{DEFAULT_SWEEP_EVERY, Sweeper};
 use crate::{OutcomeSignal, Reconciliation};
@@ -69,6 +71,8 @@ pub struct IdempotencyLayer<M> {
     body_selection: Arc<BodySelection>,
     /// Deletes expired records; shared by every clone.
     sweeper: Sweeper,
+    /// gRPC methods with rules of their own.
+    grpc: Arc<GrpcMethods>,
 }
 
 /// Where a request's key is found.
@@ -113,6 +117,7 @@ impl<M: fmt::Debug> fmt::Debug for IdempotencyLayer<M> {
             .field("key_source", &self.key_source)
             .field("body_selection", &self.body_selection)
             .field("sweeper", &self.sweeper)
+            .field("grpc", &self.grpc)
             .finish_non_exhaustive()
     }
 }
@@ -133,6 +138,7 @@ impl<M: Mode> IdempotencyLayer<M> {
             key_source: Arc::default(),
             body_selection: Arc::default(),
             sweeper: Sweeper::every(DEFAULT_SWEEP_EVERY),
+            grpc: Arc::default(),
         }
     }
 
@@ -249,6 +255,34 @@ impl<M: Mode> IdempotencyLayer<M> {
                 .cloned()
                 .unwrap_or_else(|| AccountId::new("anonymous")))
         });
+        self
+    }
+
+    /// Names the gRPC methods that stream (`/payments.v1.Payments/WatchPayments`): their
+    /// calls pass through untouched, key or not. Nothing on the wire tells a streaming call
+    /// from a unary one, and the layer reads a covered call's request and response whole, so
+    /// a streaming method called with a key must be named here (docs/contract.md §14).
+    pub fn with_grpc_streaming<P: AsRef<str>>(
+        mut self,
+        methods: impl IntoIterator<Item = P>,
+    ) -> Self {
+        Arc::make_mut(&mut self.grpc)
+            .streaming
+            .extend(methods.into_iter().map(|m| m.as_ref().to_owned()));
+        self
+    }
+
+    /// Names the gRPC methods (`/payments.v1.Payments/CreatePayment`) whose calls must carry
+    /// an `idempotency-key`: one without is refused with `INVALID_ARGUMENT`. A call to any
+    /// other method without a key passes through (docs/contract.md §14), whatever
+    /// [`Policy::require_key`] says, which is for HTTP requests.
+    pub fn with_grpc_key_required<P: AsRef<str>>(
+        mut self,
+        methods: impl IntoIterator<Item = P>,
+    ) -> Self {
+        Arc::make_mut(&mut self.grpc)
+            .key_required
+            .extend(methods.into_iter().map(|m| m.as_ref().to_owned()));
         self
     }
 
@@ -413,7 +447,7 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     M: Mode,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody: RebuildBody + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
@@ -434,16 +468,24 @@ where
         self.layer
             .sweeper
             .start(self.layer.mode.store(), &self.layer.clock);
+        let grpc = grpc::is_grpc(request.headers());
+        if grpc && self.layer.grpc.streaming.contains(request.uri().path()) {
+            return ResponseFuture::passthrough(self.inner.call(request));
+        }
         // The ready service goes with the request; a fresh clone waits for the next one.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         ResponseFuture::guarded(Box::pin(async move {
             let (link, errors) = (layer.policy_link.clone(), layer.errors);
-            let mut response = guard(layer, inner, request).await?;
-            let Some(Refused(problem)) = response.extensions().get::<Refused>().cloned() else {
+            let mut response = guard(layer, inner, request, grpc).await?;
+            let Some(Refused { problem, kind }) = response.extensions().get::<Refused>().cloned()
+            else {
                 return Ok(response);
             };
+            if grpc {
+                return Ok(grpc::refusal(response, &problem, kind));
+            }
             if let Some(link) = link
                 && matches!(response.status().as_u16(), 400 | 409 | 422)
             {
@@ -464,31 +506,50 @@ async fn guard<S, M, ReqBody, ResBody>(
     layer: IdempotencyLayer<M>,
     mut inner: S,
     request: Request<ReqBody>,
+    grpc: bool,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     M: Mode,
-    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody: RebuildBody + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: fmt::Display,
 {
     let (parts, body) = request.into_parts();
-    // A key in the body is found once the body is read (in `admit`).
-    let key = match &*layer.key_source {
-        KeySource::Body(pointer) => KeyAt::Body(pointer),
-        KeySource::Headers { names, label } => match key(&layer.policy, names, label, &parts) {
-            Ok(Some(key)) => KeyAt::Header(key),
-            Ok(None) => {
-                Served::Passthrough.count();
-                let request = Request::from_parts(parts, body);
-                return Ok(inner.call(request).await?.map(ResponseBody::passthrough));
+    // A gRPC call's key is in its metadata, wherever an HTTP request's is, and it is required
+    // only where its method says so (docs/contract.md §14).
+    let default_source;
+    let (source, require) = if grpc {
+        let source = match &*layer.key_source {
+            KeySource::Body(_) => {
+                default_source = KeySource::default();
+                &default_source
             }
-            Err(refused) => return Ok(refused),
-        },
+            headers => headers,
+        };
+        let required = layer.grpc.key_required.contains(parts.uri.path());
+        (source, required)
+    } else {
+        (&*layer.key_source, layer.policy.require_key)
+    };
+    // A key in the body is found once the body is read (in `admit`).
+    let key = match source {
+        KeySource::Body(pointer) => KeyAt::Body(pointer),
+        KeySource::Headers { names, label } => {
+            match key(&layer.policy, require, names, label, &parts) {
+                Ok(Some(key)) => KeyAt::Header(key),
+                Ok(None) => {
+                    Served::Passthrough.count();
+                    let request = Request::from_parts(parts, body);
+                    return Ok(inner.call(request).await?.map(ResponseBody::passthrough));
+                }
+                Err(refused) => return Ok(refused),
+            }
+        }
     };
     let (claim, request) = match admit(&layer, key, parts, body).await {
         Ok(Admitted::Claim(claim, request)) => (claim, request),
@@ -539,9 +600,9 @@ async fn admit<M, ReqBody, ResBody>(
 ) -> Result<Admitted<ReqBody>, Response<ResBody>>
 where
     M: Mode,
-    ReqBody: Body + From<Bytes>,
+    ReqBody: RebuildBody,
     ReqBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    ResBody: From<Bytes>,
+    ResBody: MadeBody,
 {
     // Before the body is read: a request that cannot be scoped is refused at once.
     let account = match (layer.account)(&parts) {
@@ -563,7 +624,7 @@ where
         KeyAt::Body(pointer) => match key_in_body(&layer.policy, pointer, &parts, &body)? {
             Some(key) => key,
             None => {
-                let request = Request::from_parts(parts, ReqBody::from(body));
+                let request = Request::from_parts(parts, ReqBody::from_bytes(body));
                 return Ok(Admitted::Keyless(request));
             }
         },
@@ -582,7 +643,7 @@ where
     );
     Ok(Admitted::Claim(
         claim,
-        Request::from_parts(parts, ReqBody::from(body)),
+        Request::from_parts(parts, ReqBody::from_bytes(body)),
     ))
 }
 
@@ -590,6 +651,7 @@ where
 /// it has none and the policy lets it through unprotected.
 fn key<B: From<Bytes>>(
     policy: &Policy,
+    require: bool,
     names: &[http::HeaderName],
     label: &str,
     parts: &Parts,
@@ -604,7 +666,7 @@ fn key<B: From<Bytes>>(
     let fields = parts.headers.get_all(name).iter().map(|v| v.as_bytes());
     match IdempotencyKey::from_header_values(fields, policy.key_limits) {
         Ok(key) => Ok(Some(key)),
-        Err(KeyError::Missing) if !policy.require_key => Ok(None),
+        Err(KeyError::Missing) if !require => Ok(None),
         Err(KeyError::Missing) => Err(Refusal::MissingKey.refuse(format!(
             "{} {} requires an {label} header",
             parts.method,
@@ -743,16 +805,24 @@ fn fingerprint<B: From<Bytes>>(
     body: &[u8],
     selection: &BodySelection,
 ) -> Result<Fingerprint, Response<B>> {
+    let content_type = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    // A gRPC call's body is framed messages whatever its codec (`application/grpc+json` too):
+    // fingerprinted byte for byte.
+    let content_type = if idem_core::is_grpc_content_type(content_type.as_bytes()) {
+        "application/grpc"
+    } else {
+        content_type
+    };
     let request = RequestParts {
         account: account.as_str(),
         method: parts.method.as_str(),
         route: parts.uri.path(),
         query: parts.uri.query().unwrap_or(""),
-        content_type: parts
-            .headers
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or(""),
+        content_type,
         body,
     };
     match selection {
@@ -766,7 +836,7 @@ fn fingerprint<B: From<Bytes>>(
 /// The fast path: a finished request replays (and a mismatch is refused) from a plain read,
 /// without claiming anything. Work in flight goes on to the claim, which decides again under
 /// its lock.
-async fn replay_read<St: Store, B: From<Bytes>>(
+async fn replay_read<St: Store, B: MadeBody>(
     store: &St,
     scope: &Scope,
     fingerprint: &Fingerprint,

@@ -29,7 +29,17 @@
 //! ([`with_sweep_every`](IdempotencyLayer::with_sweep_every),
 //! [`without_sweeper`](IdempotencyLayer::without_sweeper)).
 //!
-//! In transaction mode the handler writes through the transaction the layer opened ([`Tx`]),
+//! gRPC calls (`content-type: application/grpc`) get the same contract on tonic's
+//! `Server::builder().layer(IdempotencyLayer::..)` (feature `tonic`): the key is the
+//! `idempotency-key` metadata; a replay carries the stored message and trailers
+//! (`grpc-status`, `grpc-message`, details, custom trailers) and `idempotent-replayed: true`;
+//! the layer's own refusals are gRPC statuses in trailers-only responses; what a status means
+//! for the key is [`idem_core::GrpcCode::class`]. Streaming methods must be named
+//! ([`IdempotencyLayer::with_grpc_streaming`]) to pass through untouched when they carry a key.
+//! The request body types the layer can hand on are those of [`RebuildBody`].
+//!
+//! In transaction mode the handler writes through the transaction the layer opened ([`Tx`]:
+//! an axum extractor, or [`Tx::from_extensions`] from any tower service, tonic's included),
 //! so the key and the business rows commit together:
 //!
 //! ```
@@ -75,25 +85,28 @@
 
 mod body;
 mod claim;
+mod grpc;
 mod layer;
 mod mode;
 mod outcome;
+mod rebuild;
 mod reconcile;
 mod response;
 mod section;
 mod signal;
 mod sweep;
+mod tx;
 
 #[cfg(feature = "axum")]
 mod extract;
 
 pub use body::ResponseBody;
-#[cfg(feature = "axum")]
-pub use extract::{NoTransaction, Tx};
 pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture, Unidentified};
 pub use mode::{LeaseMode, Mode, TransactionMode};
 pub use outcome::Outcome;
+pub use rebuild::RebuildBody;
 pub use reconcile::Reconciliation;
 pub use response::{IDEMPOTENT_REPLAY, IDEMPOTENT_REPLAYED};
 pub use signal::OutcomeSignal;
 pub use sweep::{DEFAULT_SWEEP_EVERY, spawn_sweeper};
+pub use tx::{NoTransaction, Tx};

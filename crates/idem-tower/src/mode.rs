@@ -16,7 +16,9 @@ use tower::{Service, ServiceExt};
 
 use crate::body::{ResponseBody, read_response};
 use crate::claim::Claim;
-use crate::response::{ErrorChain, Refusal, Served, retry_after_value, settle, store_unavailable};
+use crate::response::{
+    ErrorChain, MadeBody, Refusal, Served, retry_after_value, settle, store_unavailable,
+};
 use crate::section::{Panicked, catch_panic};
 use crate::{Outcome, OutcomeSignal, Reconciliation};
 
@@ -184,7 +186,7 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
 impl<St: TransactionalStore> TransactionMode<St> {
     /// Claims the key in a new transaction, or breaks with the answer when the key is taken
     /// (a replay, a mismatch, a wait that ran out) or the store is unreachable.
-    async fn claim_in_tx<B: From<Bytes>>(&self, claim: &Claim) -> ControlFlow<Response<B>, St::Tx> {
+    async fn claim_in_tx<B: MadeBody>(&self, claim: &Claim) -> ControlFlow<Response<B>, St::Tx> {
         let wait = claim.policy.in_flight_wait;
         match self.0.begin_claim(&claim.new_claim, wait).await {
             Ok(TxClaim::Claimed(tx)) => ControlFlow::Continue(tx),
@@ -301,7 +303,7 @@ impl<St: Store> LeaseMode<St> {
     /// settles the request. With an outcome wait, a duplicate of work still running (or of an
     /// unknown outcome a reconciler will resolve) waits for it and claims again when woken,
     /// until the wait runs out.
-    async fn claim_or_wait<B: From<Bytes>>(&self, claim: &mut Claim) -> ControlFlow<Response<B>> {
+    async fn claim_or_wait<B: MadeBody>(&self, claim: &mut Claim) -> ControlFlow<Response<B>> {
         let deadline = self
             .wait
             .as_ref()

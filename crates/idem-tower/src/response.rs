@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
-use http::{Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 pub(crate) use idem_core::ErrorChain;
 use idem_core::{Decision, ProblemKind, Scope, StoredResponse};
 
@@ -116,7 +116,10 @@ impl Refusal {
     pub(crate) fn response<B: From<Bytes>>(self, detail: impl Into<String>) -> Response<B> {
         let problem = Arc::new(self.kind().with_detail(detail));
         let mut response = problem_response(&problem);
-        response.extensions_mut().insert(Refused(problem));
+        response.extensions_mut().insert(Refused {
+            problem,
+            kind: self.kind(),
+        });
         if let Some(after) = self.retry_after() {
             response
                 .headers_mut()
@@ -128,9 +131,25 @@ impl Refusal {
 
 /// Marks a response as the layer's own refusal, not the handler's answer nor a replay, so the
 /// layer can add what only its refusals carry (the policy `Link`). It carries the problem, for
-/// the layer to write again in another dialect.
+/// the layer to write again in another dialect or as a gRPC status.
 #[derive(Debug, Clone)]
-pub(crate) struct Refused(pub(crate) Arc<idem_core::Problem>);
+pub(crate) struct Refused {
+    pub(crate) problem: Arc<idem_core::Problem>,
+    pub(crate) kind: ProblemKind,
+}
+
+/// A response body the layer makes itself from bytes: a refusal's, or a replay's, which may
+/// end with stored trailers.
+pub(crate) trait MadeBody: From<Bytes> {
+    /// `data`, then `trailers`.
+    fn with_trailers(data: Bytes, trailers: HeaderMap) -> Self;
+}
+
+impl<B> MadeBody for crate::ResponseBody<B> {
+    fn with_trailers(data: Bytes, trailers: HeaderMap) -> Self {
+        Self::with_trailers(data, Some(trailers))
+    }
+}
 
 /// A problem-details response of `problem`, with no `Retry-After`.
 pub(crate) fn problem_response<B: From<Bytes>>(problem: &idem_core::Problem) -> Response<B> {
@@ -149,30 +168,40 @@ pub(crate) fn retry_after_value(after: Duration) -> HeaderValue {
     HeaderValue::from(after.as_secs().max(1))
 }
 
-/// The stored response, marked as a replay.
-pub(crate) fn replay<B: From<Bytes>>(stored: &StoredResponse) -> Response<B> {
-    let mut response = Response::new(B::from(Bytes::copy_from_slice(&stored.body)));
-    *response.status_mut() =
-        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let headers = response.headers_mut();
-    for (name, value) in &stored.headers {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            headers.append(name, value);
+/// The stored response, marked as a replay: its status, headers, body and trailers.
+pub(crate) fn replay<B: MadeBody>(stored: &StoredResponse) -> Response<B> {
+    let fields = |fields: &mut dyn Iterator<Item = (&str, &str)>| {
+        let mut map = HeaderMap::new();
+        for (name, value) in fields {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                map.append(name, value);
+            }
         }
-    }
+        map
+    };
+    let mut headers = fields(&mut stored.header_fields());
+    let trailers = fields(&mut stored.trailers());
+    let body = Bytes::copy_from_slice(&stored.body);
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     if stored.body_omitted {
         headers.insert(IDEMPOTENT_REPLAY, HeaderValue::from_static("omitted"));
+        if crate::grpc::is_grpc(&headers) {
+            crate::grpc::omitted_status(&mut headers);
+        }
     }
+    let mut response = Response::new(B::with_trailers(body, trailers));
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *response.headers_mut() = headers;
     response
 }
 
 /// The one answer for a decision that settles the request without running it: a replay, a
 /// mismatch, or a request in flight or of unknown outcome. `None` for a key to claim.
-pub(crate) fn answer<B: From<Bytes>>(
+pub(crate) fn answer<B: MadeBody>(
     decision: &Decision<'_>,
     scope: &Scope,
     reconciliation: Option<&Reconciliation>,
@@ -199,7 +228,7 @@ pub(crate) fn answer<B: From<Bytes>>(
 /// The answer for a record that a claim could not replace, which always settles the request:
 /// [`answer`], and for a decision that would have claimed the key, the answer to work whose
 /// outcome is not known.
-pub(crate) fn settle<B: From<Bytes>>(
+pub(crate) fn settle<B: MadeBody>(
     decision: &Decision<'_>,
     scope: &Scope,
     reconciliation: Option<&Reconciliation>,
