@@ -184,6 +184,7 @@ macro_rules! epoch_ms {
         concat!("(extract(epoch FROM ", $($t)+, ") * 1000)::bigint")
     };
 }
+#[cfg(feature = "tokio-postgres")]
 pub(crate) use epoch_ms;
 
 pub(crate) const SELECT: &str = concat!(
