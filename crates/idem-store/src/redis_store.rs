@@ -294,8 +294,8 @@ return deleted
 ///   its outcome is not known). The sweeper takes the lowest scores up to Redis's now, so
 ///   records in progress never stand in front of those it may delete, and `ZCOUNT
 ///   {prefix}:sweep +inf +inf` counts the records in progress. Operators' listings
-///   ([`AdminStore::list`](crate::AdminStore::list), `idem keys list`) walk it with `ZSCAN`,
-///   and read every record it names: an operator's tool, not one for the request path.
+///   ([`AdminStore::list`](crate::AdminStore::list), `idem keys list`) walk it with `ZSCAN`
+///   and read every record of the state asked for: an operator's tool, not the request path's.
 ///
 /// On a cluster (`redis+cluster://`) a script may touch keys of one hash slot only, so the
 /// records are spread over [`CLUSTER_BUCKETS`](Self::CLUSTER_BUCKETS) buckets, each with an
