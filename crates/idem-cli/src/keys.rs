@@ -1,5 +1,5 @@
 //! `idem keys`: operators see each key's state, age, lease, fingerprint and outcome, and can
-//! act on one.
+//! act on one, on every store: `idem serve`'s database and `idem proxy`'s store, Redis too.
 
 use std::process::ExitCode;
 
@@ -9,17 +9,22 @@ use idem_core::{
     AccountId, Clock, IdempotencyKey, KeyLimits, Record, RecordState, Scope, StoredResponse,
     SystemClock, Timestamp,
 };
-use idem_store::{AdminStore, PgStore, RecordFilter, SqliteStore};
+use idem_store::{AdminStore, PgStore, RecordFilter, RedisStore, SqliteStore};
 
 use crate::store_url::{StoreUrl, redact};
 
 /// `idem keys` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct KeysArgs {
-    /// The database `idem serve` uses: `sqlite://PATH` or `postgres://…`. Before or after
-    /// the subcommand.
+    /// Where the records are: `idem serve`'s database (`sqlite://PATH` or `postgres://…`) or
+    /// `idem proxy`'s store, which may also be Redis (`redis://HOST:PORT`, or a Redis Cluster,
+    /// `redis+cluster://HOST:PORT,HOST:PORT,…`, with --redis-prefix). Before or after the
+    /// subcommand.
     #[arg(long, global = true, default_value = "sqlite://idem.db")]
     pub database: String,
+    /// On Redis: the key prefix the proxy was given (its --redis-prefix).
+    #[arg(long, global = true, default_value = "idem")]
+    pub redis_prefix: String,
     /// What to do.
     #[command(subcommand)]
     pub action: KeysAction,
@@ -29,6 +34,9 @@ pub struct KeysArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum KeysAction {
     /// List keys, newest first.
+    ///
+    /// On Redis the listing reads every record of the state asked for (of the account, if
+    /// one is given) to find the newest, a page at a time, so requests go on between pages.
     List {
         /// Only this account's keys.
         #[arg(long)]
@@ -45,7 +53,8 @@ pub enum KeysAction {
     },
     /// Show one key; the stored body only with --body.
     Show {
-        /// The account.
+        /// The account, as `list` shows it (behind `idem proxy`, `hmac:…`, derived from the
+        /// caller's credential).
         account: String,
         /// The key.
         key: String,
@@ -55,7 +64,8 @@ pub enum KeysAction {
     },
     /// Delete one key's record: its next request runs afresh.
     Purge {
-        /// The account.
+        /// The account, as `list` shows it (behind `idem proxy`, `hmac:…`, derived from the
+        /// caller's credential).
         account: String,
         /// The key.
         key: String,
@@ -63,7 +73,8 @@ pub enum KeysAction {
     /// Complete an in-progress key with a known outcome, which its retries then replay; it is
     /// kept for the retention from now.
     Complete {
-        /// The account.
+        /// The account, as `list` shows it (behind `idem proxy`, `hmac:…`, derived from the
+        /// caller's credential).
         account: String,
         /// The key.
         key: String,
@@ -78,7 +89,7 @@ pub enum KeysAction {
 
 /// Runs `idem keys`.
 pub async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
-    let url = StoreUrl::parse_database(&args.database)?;
+    let url = StoreUrl::parse(&args.database)?;
     // Opening a file that is not there would create an empty database and list no keys: a
     // wrong directory would pass for "nothing stuck".
     if let Some(file) = url.sqlite_file() {
@@ -101,7 +112,12 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot open {}", redact(&url)))?;
             act(&store, args.action).await
         }
-        StoreUrl::Redis(_) => unreachable!("parse_database refuses Redis"),
+        StoreUrl::Redis(url) => {
+            let store = RedisStore::connect(&url, args.redis_prefix)
+                .await
+                .with_context(|| format!("cannot open {}", redact(&url)))?;
+            act(&store, args.action).await
+        }
     }
 }
 

@@ -9,12 +9,13 @@ pub enum StoreUrl {
     Sqlite(String),
     /// `postgres://…` or `postgresql://…`.
     Postgres(String),
-    /// `redis://…`, `rediss://…` or `redis+cluster://…` (the gateway only).
+    /// `redis://…`, `rediss://…` or `redis+cluster://…` (the gateway's store, and `idem keys`).
     Redis(String),
 }
 
 impl StoreUrl {
-    /// Tells a store URL apart by its scheme (`--store` of `idem proxy`: Redis too).
+    /// Tells a store URL apart by its scheme (`--store` of `idem proxy`, `--database` of
+    /// `idem keys`: Redis too).
     pub fn parse(url: &str) -> anyhow::Result<Self> {
         Self::by_scheme(url).ok_or_else(|| {
             anyhow::anyhow!(

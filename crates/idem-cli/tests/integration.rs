@@ -11,6 +11,7 @@ mod concurrency;
 mod contract;
 mod drill;
 mod gateway_chaos;
+mod keys_redis;
 mod openapi;
 mod outbox;
 mod payouts;

@@ -225,6 +225,14 @@ async fn on_a_cluster_the_proxy_replays_refuses_mismatches_and_holds_duplicates_
     );
     assert_eq!(upstream.calls("slow-0001"), 1);
     assert!(upstream.lock().overlaps.is_empty());
+
+    // `idem keys` reaches the records on every primary through the cluster's URL.
+    let (code, list, stderr) = crate::common::idem_output(
+        "keys",
+        &["--database", &cluster.url(), "list", "--limit", "100"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(list.contains("31 keys"), "{list}");
     let log = proxy.log();
     assert!(!log.contains("panicked"), "the proxy's log:\n{log}");
 }

@@ -25,6 +25,8 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, Script, ServerErrorKind, Value
 
 use crate::{ClaimOutcome, Error, NewClaim, Result, Store, in_caller_frame, millis};
 
+mod admin;
+
 /// The longest TTL set: Redis rejects expiry times beyond `i64` milliseconds, and a retention
 /// this long (or saturated) means "keep".
 const MAX_TTL_MS: i64 = 1000 * 365 * 24 * 60 * 60 * 1000;
@@ -100,30 +102,59 @@ return 1
 // KEYS: record.
 const GET: &str = concat!(redis_now!(), "return {now, redis.call('HGETALL', KEYS[1])}");
 
-// Stores the outcome if the claim holding the token still holds the key. The retention counts
-// from now: the record expires its retention (expires_at less created_at, as claimed) from
-// now, becomes sweepable then, and gets a TTL, its first, for then plus the slack.
+// What a completion writes once its script has found the record in progress, `held` holding
+// its `expires_at` and `created_at` as [3] and [4]: the outcome, the record's retention
+// (expires_at less created_at, as claimed) counted from now, its index entry at the new expiry
+// (sweepable then), and its first TTL, for then plus the slack. Shared by `COMPLETE` and an
+// operator's `FORCE_COMPLETE`, so that an outcome resolved by hand is kept and forgotten
+// exactly as one its claim stored.
 //
-// KEYS: record, index. ARGV: fencing_token, response_code, response_headers, response_body,
-// body_omitted (1/0), slack_ms, max_ttl_ms.
+// ARGV (the first six): response_code, response_headers, response_body, body_omitted (1/0),
+// slack_ms, max_ttl_ms.
+macro_rules! store_outcome {
+    () => {
+        r"
+local retention = tonumber(held[3]) - tonumber(held[4])
+local expires_at = string.format('%d', now + retention)
+redis.call('HSET', record, 'status', 'completed', 'response_code', ARGV[1],
+    'response_headers', ARGV[2], 'response_body', ARGV[3], 'body_omitted', ARGV[4],
+    'expires_at', expires_at)
+redis.call('ZADD', index, expires_at, record)
+local ttl = math.max(1, math.min(retention + tonumber(ARGV[5]), tonumber(ARGV[6])))
+redis.call('PEXPIRE', record, string.format('%d', ttl))
+return 1
+"
+    };
+}
+
+// Stores the outcome if the claim holding the token still holds the key.
+//
+// KEYS: record, index. ARGV: those of `store_outcome!`, then fencing_token.
 const COMPLETE: &str = concat!(
     redis_now!(),
     r"
 local record, index = KEYS[1], KEYS[2]
 local held = redis.call('HMGET', record, 'status', 'fencing_token', 'expires_at', 'created_at')
-if held[1] ~= 'in_progress' or held[2] ~= ARGV[1] then
+if held[1] ~= 'in_progress' or held[2] ~= ARGV[7] then
     return 0
 end
-local retention = tonumber(held[3]) - tonumber(held[4])
-local expires_at = string.format('%d', now + retention)
-redis.call('HSET', record, 'status', 'completed', 'response_code', ARGV[2],
-    'response_headers', ARGV[3], 'response_body', ARGV[4], 'body_omitted', ARGV[5],
-    'expires_at', expires_at)
-redis.call('ZADD', index, expires_at, record)
-local ttl = math.max(1, math.min(retention + tonumber(ARGV[6]), tonumber(ARGV[7])))
-redis.call('PEXPIRE', record, string.format('%d', ttl))
-return 1
-"
+",
+    store_outcome!()
+);
+
+// Stores an operator's outcome of a record in progress, whatever claim holds it.
+//
+// KEYS: record, index. ARGV: those of `store_outcome!`.
+const FORCE_COMPLETE: &str = concat!(
+    redis_now!(),
+    r"
+local record, index = KEYS[1], KEYS[2]
+local held = redis.call('HMGET', record, 'status', 'fencing_token', 'expires_at', 'created_at')
+if held[1] ~= 'in_progress' then
+    return 0
+end
+",
+    store_outcome!()
 );
 
 // Moves the lease of the claim holding the token to `lease_ms` past now.
@@ -155,6 +186,37 @@ redis.call('DEL', record)
 redis.call('ZREM', index, record)
 return 1
 ";
+
+// Deletes a record whatever its state, and its index entry: `1` if there was one.
+//
+// KEYS: record, index.
+const PURGE: &str = r"
+redis.call('ZREM', KEYS[2], KEYS[1])
+return redis.call('DEL', KEYS[1])
+";
+
+// Reads the records among KEYS (entries of one index, so of one slot on a cluster) that a
+// listing wants: in the state ARGV[1] names (`in_progress`, `completed`, or empty for either)
+// and, when ARGV[2] is not empty, in progress with a lease run out by Redis's now plus ARGV[2]
+// (ms: the caller's bound less the caller's now). Returns Redis's now and, for each record
+// wanted, its place in KEYS and its fields. A record gone since its entry was read is left out.
+const LIST: &str = concat!(
+    redis_now!(),
+    r"
+local state, stale = ARGV[1], ARGV[2]
+local found = {}
+for i, record in ipairs(KEYS) do
+    local held = redis.call('HMGET', record, 'status', 'lease_until')
+    local status = held[1]
+    if status and (state == '' or status == state) and (stale == ''
+            or (status == 'in_progress' and tonumber(held[2]) <= now + tonumber(stale))) then
+        found[#found + 1] = i
+        found[#found + 1] = redis.call('HGETALL', record)
+    end
+end
+return {now, found}
+"
+);
 
 // Deletes at most `batch` completed records past their retention, found through the index and
 // checked against their stored state. One script, so concurrent sweepers take disjoint records
@@ -231,7 +293,9 @@ return deleted
 ///   becomes sweepable: its `expires_at` once completed, `+inf` while in progress (never, while
 ///   its outcome is not known). The sweeper takes the lowest scores up to Redis's now, so
 ///   records in progress never stand in front of those it may delete, and `ZCOUNT
-///   {prefix}:sweep +inf +inf` counts the records in progress.
+///   {prefix}:sweep +inf +inf` counts the records in progress. Operators' listings
+///   ([`AdminStore::list`](crate::AdminStore::list), `idem keys list`) walk it with `ZSCAN`
+///   and read every record of the state asked for: an operator's tool, not the request path's.
 ///
 /// On a cluster (`redis+cluster://`) a script may touch keys of one hash slot only, so the
 /// records are spread over [`CLUSTER_BUCKETS`](Self::CLUSTER_BUCKETS) buckets, each with an
@@ -460,6 +524,9 @@ struct Scripts {
     renew: Lua,
     release: Lua,
     sweep: Lua,
+    list: Lua,
+    purge: Lua,
+    force_complete: Lua,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -469,6 +536,10 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew: Lua::new(RENEW, true),
     release: Lua::new(RELEASE, false),
     sweep: Lua::new(SWEEP, false),
+    list: Lua::new(LIST, false),
+    // Like a release, a purge whose loss in a failover leaves the record as it was.
+    purge: Lua::new(PURGE, false),
+    force_complete: Lua::new(FORCE_COMPLETE, true),
 });
 
 /// The scheme of a cluster's URL: `redis+cluster://HOST:PORT,HOST:PORT,…`.
@@ -797,6 +868,21 @@ fn record_at(scope: &Scope, answer: Value, now: Timestamp) -> Result<Option<Reco
     Ok(Some(in_caller_frame(record, store_now, now)))
 }
 
+/// A response's headers as a record stores them.
+fn headers_json(response: &StoredResponse) -> String {
+    serde_json::to_string(&response.headers).expect("headers always serialise")
+}
+
+/// The arguments of `store_outcome!` (`headers` is [`headers_json`] of `response`).
+fn outcome_args(call: &mut Cmd, response: &StoredResponse, headers: &str) {
+    call.arg(response.status)
+        .arg(headers)
+        .arg(&response.body[..])
+        .arg(u8::from(response.body_omitted))
+        .arg(slack_ms())
+        .arg(MAX_TTL_MS);
+}
+
 /// The error for a record whose hash cannot be read back.
 fn corrupt(scope: &Scope, what: &str) -> Error {
     Error::Corrupt(format!("{what} for key {}", scope.log_label()))
@@ -903,17 +989,12 @@ impl Store for RedisStore {
         response: &StoredResponse,
         _now: Timestamp,
     ) -> Result<bool> {
-        let headers = serde_json::to_string(&response.headers).expect("headers always serialise");
+        let headers = headers_json(response);
         let (record, index) = (self.record_key(scope), self.index_key(scope));
         let (done, confirmed) = self
             .run(&SCRIPTS.complete, &[&record, &index], |call| {
-                call.arg(token.0)
-                    .arg(response.status)
-                    .arg(&headers)
-                    .arg(&response.body[..])
-                    .arg(u8::from(response.body_omitted))
-                    .arg(slack_ms())
-                    .arg(MAX_TTL_MS);
+                outcome_args(call, response, &headers);
+                call.arg(token.0);
             })
             .await?;
         self.written(done, confirmed)

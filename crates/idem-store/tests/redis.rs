@@ -13,7 +13,8 @@ use idem_core::{
 use idem_store::conformance::{assert_unavailable, fingerprint, scope};
 use idem_store::fault_relay::FaultRelay;
 use idem_store::{
-    ClaimOutcome, NewClaim, RedisStore, Store, shared_store_conformance, store_conformance,
+    AdminStore, ClaimOutcome, NewClaim, RecordFilter, RedisStore, Store, admin_conformance,
+    shared_admin_conformance, shared_store_conformance, store_conformance,
 };
 use redis::Commands as _;
 
@@ -84,6 +85,8 @@ async fn fresh_store() -> (RedisStore, TestPrefix) {
 
 store_conformance!(fresh_store());
 shared_store_conformance!(fresh_store());
+admin_conformance!(fresh_store());
+shared_admin_conformance!(fresh_store());
 
 fn claim(scope: &Scope, token: i64, now: Timestamp) -> NewClaim {
     NewClaim::new(
@@ -563,4 +566,90 @@ async fn claims_trim_the_index_past_the_slack() {
         "the old entry is gone, the new ones stay: {left:?}"
     );
     assert!(left.contains(&"gone-within".to_owned()));
+}
+
+/// An operator's outcome is kept and forgotten as a claim's own: the same TTL (retention plus
+/// slack) and index score; a purge takes the record and its index entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forced_outcome_gets_a_completions_ttl_and_a_purge_leaves_nothing() {
+    let (store, prefix) = fresh_store().await;
+    let policy = Policy::default();
+    let index = format!("{}:sweep", prefix.prefix);
+    let mut conn = redis::Client::open(url())
+        .and_then(|c| c.get_connection())
+        .unwrap();
+    let key = scope("acct_redis", "forced-key-001");
+    let redis_key = format!("{}:k:10:acct_redis:forced-key-001", prefix.prefix);
+    // A caller's clock years off: the retention still counts from Redis's now.
+    store.claim(&claim(&key, 7, T0)).await.unwrap();
+    let completed = redis_now(&mut conn);
+    assert!(
+        store
+            .force_complete(&key, &response(b"operator"), T0)
+            .await
+            .unwrap()
+    );
+    let expected = (policy.retention + RedisStore::TTL_SLACK).as_millis() as i64;
+    let ttl = pttl(&redis_key);
+    assert!(
+        ttl <= expected && ttl > expected - 60_000,
+        "TTL {ttl} ms, expected about {expected} ms"
+    );
+    let expires_at = completed + policy.retention.as_millis() as i64;
+    let score: Option<f64> = conn.zscore(&index, &redis_key).unwrap();
+    let score = score.expect("in the index") as i64;
+    assert!(
+        (expires_at..expires_at + 60_000).contains(&score),
+        "scored {score}, expected about {expires_at}"
+    );
+    // The claim's token no longer holds the key.
+    assert!(
+        !store
+            .complete(&key, FencingToken(7), &response(b"late"), T0)
+            .await
+            .unwrap()
+    );
+
+    assert!(store.purge(&key).await.unwrap());
+    let left = prefix.keys().unwrap();
+    assert!(left.is_empty(), "keys left behind: {left:?}");
+}
+
+/// A listing reads every page of the index, keeps the newest, and matches an account whose
+/// name holds glob characters literally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listing_pages_through_the_index_and_takes_accounts_literally() {
+    let (store, _prefix) = fresh_store().await;
+    // More than one `ZSCAN` page, in two accounts, one named like a pattern of the other.
+    for i in 0..600 {
+        let account = if i % 2 == 0 { "acct_*" } else { "acct_x" };
+        let key = scope(account, &format!("paged-key-{i:04}"));
+        // Each a millisecond later than the last by the caller's clock; Redis's decides,
+        // so they are spread out by real time instead, a few at a time.
+        store.claim(&claim(&key, 1, T0)).await.unwrap();
+        if i % 100 == 99 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let newest = scope("acct_*", "paged-key-last");
+    store.claim(&claim(&newest, 1, T0)).await.unwrap();
+    let list = |account: Option<&str>, limit| {
+        let filter = RecordFilter {
+            account: account.map(idem_core::AccountId::new),
+            limit,
+            ..RecordFilter::default()
+        };
+        let store = store.clone();
+        async move { store.list(&filter, T0).await.unwrap() }
+    };
+    assert_eq!(list(None, 1000).await.len(), 601);
+    let starred = list(Some("acct_*"), 1000).await;
+    assert_eq!(starred.len(), 301, "the * is a character, not a pattern");
+    assert!(starred.iter().all(|r| r.scope.account.as_str() == "acct_*"));
+    assert_eq!(list(Some("acct_?"), 1000).await.len(), 0);
+    let top = list(None, 3).await;
+    assert_eq!(top.len(), 3);
+    assert_eq!(top[0].scope, newest, "newest first");
+    assert!(top.windows(2).all(|w| w[0].created_at >= w[1].created_at));
+    assert_eq!(list(None, 0).await.len(), 100, "the default limit");
 }

@@ -40,6 +40,12 @@ async fn the_conformance_suite_passes_on_a_cluster() {
     conformance::sweep_deletes_expired_in_batches(store_on(&cluster, "sweep").await).await;
     conformance::times_are_kept_to_the_millisecond(store_on(&cluster, "exact").await).await;
     conformance::a_caller_clock_minutes_off_changes_nothing(store_on(&cluster, "skew").await).await;
+    // The listing goes through every bucket's index, on every primary.
+    conformance::admin_lists_purges_and_force_completes(store_on(&cluster, "admin").await).await;
+    conformance::a_listing_by_a_clock_ahead_sees_live_leases_running(
+        store_on(&cluster, "admin-skew").await,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
