@@ -40,6 +40,8 @@
 //! assert_eq!(sent, 1);
 //! # Ok(()) }
 //! ```
+// On docs.rs (nightly), mark each feature-gated item with the feature that enables it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod broker;
 mod consumer;

@@ -55,6 +55,8 @@
 //! assert_eq!(decide(Some(&record), &fingerprint, now), Decision::Replay(&response));
 //! # Ok(()) }
 //! ```
+// On docs.rs (nightly), mark each feature-gated item with the feature that enables it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::future::Future;
 use std::time::Duration;

@@ -8,16 +8,15 @@
 //! (tokio-postgres's `query_typed`: parse, bind and execute in one message, the parameter types
 //! given), since a connection's next transaction may run on a session that never saw a
 //! prepared one. The round trips are the same either way; what the pooler costs is PostgreSQL
-//! parsing and planning every statement again (pgbench, idem's statements on 8 clients: about
-//! 700 payments a second unnamed against 1,100 to 1,300 prepared). `BEGIN`, `COMMIT` and
+//! parsing and planning every statement again. `BEGIN`, `COMMIT` and
 //! `ROLLBACK` are simple queries either way.
 //!
 //! A first request costs three round trips: `BEGIN` with the claim; the handler's own
 //! statements; the stored response with `COMMIT`. On [`PgStore`] (sqlx, which sends one
 //! statement at a time and tests each connection it takes back) the same request costs eight,
 //! counting the read before the claim and the pool's pings. With the database a millisecond
-//! away that is the difference between about 3 and 8 ms a payment, and it holds a connection
-//! for that long; on loopback it is CPU, PostgreSQL's and ours, spent on every wake-up.
+//! away each round trip is a millisecond a payment holds its connection; on loopback it is
+//! CPU, PostgreSQL's and ours, spent on every wake-up.
 //!
 //! The claim is `INSERT … ON CONFLICT DO NOTHING`: a key no record holds is claimed, and a key
 //! that is taken is neither written nor locked; the same statement then reads the record that

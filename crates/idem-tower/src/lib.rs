@@ -82,6 +82,8 @@
 //! # let _ = app;
 //! # Ok(()) }
 //! ```
+// On docs.rs (nightly), mark each feature-gated item with the feature that enables it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;
 mod claim;
