@@ -45,7 +45,7 @@ struct ProblemType {
 }
 
 /// Every problem type idem serve can answer with: the idempotency layer's (idem-core's
-/// `ProblemKind`) and the service's own (`problem(...)` in payments.rs, payouts.rs, auth.rs).
+/// `ProblemKind`) and the service's own (`ApiError`, in error.rs).
 const PROBLEMS: &[ProblemType] = &[
     ProblemType {
         schema: "MissingKeyProblem",
