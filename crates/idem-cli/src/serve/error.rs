@@ -52,6 +52,34 @@ pub(crate) enum ApiError {
 }
 
 impl ApiError {
+    /// The `type` of [`ApiError::Invalid`].
+    pub(crate) const VALIDATION: &'static str = "urn:idem:problem:validation";
+    /// The `type` of [`ApiError::Unauthorized`].
+    pub(crate) const UNAUTHORIZED: &'static str = "urn:idem:problem:unauthorized";
+    /// The `type` of [`ApiError::CardDeclined`].
+    pub(crate) const CARD_DECLINED: &'static str = "urn:idem:problem:card-declined";
+    /// The `type` of [`ApiError::NotFound`].
+    pub(crate) const NOT_FOUND: &'static str = "urn:idem:problem:not-found";
+    /// The `type` of [`ApiError::NotRecorded`].
+    pub(crate) const INTERNAL: &'static str = "urn:idem:problem:internal";
+
+    /// One error of each variant (with placeholder data), so that the OpenAPI document lists
+    /// every `type` and status the service answers.
+    pub(crate) fn every() -> [Self; 10] {
+        [
+            Self::Invalid(String::new()),
+            Self::Unauthorized,
+            Self::CardDeclined,
+            Self::NotFound { id: String::new() },
+            Self::NotRecorded,
+            Self::ProviderUnreachable,
+            Self::ProviderFailed,
+            Self::ProviderUnreadable,
+            Self::ProviderSilent,
+            Self::StoreUnavailable,
+        ]
+    }
+
     /// The HTTP status.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
@@ -72,11 +100,11 @@ impl ApiError {
     /// the answer as the layer's (the provider's unknown outcomes, an unreachable database).
     pub(crate) fn type_uri(&self) -> &'static str {
         match self {
-            Self::Invalid(_) => "urn:idem:problem:validation",
-            Self::Unauthorized => "urn:idem:problem:unauthorized",
-            Self::CardDeclined => "urn:idem:problem:card-declined",
-            Self::NotFound { .. } => "urn:idem:problem:not-found",
-            Self::NotRecorded => "urn:idem:problem:internal",
+            Self::Invalid(_) => Self::VALIDATION,
+            Self::Unauthorized => Self::UNAUTHORIZED,
+            Self::CardDeclined => Self::CARD_DECLINED,
+            Self::NotFound { .. } => Self::NOT_FOUND,
+            Self::NotRecorded => Self::INTERNAL,
             Self::ProviderUnreachable => ProblemKind::UpstreamUnavailable.type_uri(),
             Self::ProviderFailed | Self::ProviderUnreadable | Self::ProviderSilent => {
                 ProblemKind::OutcomeUnknown.type_uri()
@@ -162,6 +190,26 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_lists_each_variant_once() {
+        // Exhaustive on purpose: a new variant does not compile here until it has the next
+        // place and the range below counts it; then the test fails until `every` lists it.
+        let place = |error: &ApiError| match error {
+            ApiError::Invalid(_) => 0,
+            ApiError::Unauthorized => 1,
+            ApiError::CardDeclined => 2,
+            ApiError::NotFound { .. } => 3,
+            ApiError::NotRecorded => 4,
+            ApiError::ProviderUnreachable => 5,
+            ApiError::ProviderFailed => 6,
+            ApiError::ProviderUnreadable => 7,
+            ApiError::ProviderSilent => 8,
+            ApiError::StoreUnavailable => 9,
+        };
+        let places: Vec<usize> = ApiError::every().iter().map(place).collect();
+        assert_eq!(places, (0..=9).collect::<Vec<_>>());
+    }
 
     #[test]
     fn an_error_answers_problem_details_with_its_headers() {
