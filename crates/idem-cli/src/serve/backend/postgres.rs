@@ -12,45 +12,26 @@ use super::shared::{
 use super::{Backend, Invoice, Payment, Receipt};
 use crate::store_url::redact;
 
-macro_rules! pg_insert_payment {
-    () => {
-        "INSERT INTO payments
-             (id, account_id, idem_key, amount, currency, status, reference, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7,
-                 to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')"
-    };
-}
-
-macro_rules! pg_select_payment {
-    () => {
-        "SELECT id, amount, currency, status, reference,
-                (extract(epoch FROM created_at) * 1000)::bigint AS created_at
-         FROM payments"
-    };
-}
-
+/// The statements, one file each in `sql/postgres/`; a payment's `SELECT` and `INSERT`
+/// are written once and completed here.
 const POSTGRES: Statements = Statements {
-    insert_receipt:
-        "INSERT INTO receipts (event_id, payment_id, account_id, amount, currency, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    insert_payment_if_key_free: concat!(pg_insert_payment!(), if_key_free!()),
-    insert_payment: pg_insert_payment!(),
-    retire_key: "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
-         WHERE account_id = $1 AND idem_key = $2
-           AND created_at <= to_timestamp($3 / 1000) + ($3 % 1000) * interval '1 millisecond'",
+    insert_receipt: include_str!("sql/postgres/insert_receipt.sql"),
+    insert_payment_if_key_free: concat!(
+        include_str!("sql/postgres/insert_payment.sql"),
+        if_key_free!()
+    ),
+    insert_payment: include_str!("sql/postgres/insert_payment.sql"),
+    retire_key: include_str!("sql/postgres/retire_key.sql"),
     // The counter row's lock orders concurrent invoices of one account; it is held until the
     // request's transaction ends, so numbers are issued in commit order, without gaps.
-    next_invoice_number:
-        "INSERT INTO invoice_counters AS c (account_id, last_number) VALUES ($1, 1)
-         ON CONFLICT (account_id) DO UPDATE SET last_number = c.last_number + 1
-         RETURNING last_number",
-    insert_invoice:
-        "INSERT INTO invoices (id, account_id, number, amount, currency, idem_key, created_at)
-         VALUES ($1, $2, $3, $4, $5, $6,
-                 to_timestamp($7 / 1000) + ($7 % 1000) * interval '1 millisecond')",
-    find_payment: concat!(pg_select_payment!(), " WHERE id = $1 AND account_id = $2"),
+    next_invoice_number: include_str!("sql/postgres/next_invoice_number.sql"),
+    insert_invoice: include_str!("sql/postgres/insert_invoice.sql"),
+    find_payment: concat!(
+        include_str!("sql/postgres/select_payment.sql"),
+        " WHERE id = $1 AND account_id = $2"
+    ),
     list_payments: concat!(
-        pg_select_payment!(),
+        include_str!("sql/postgres/select_payment.sql"),
         " WHERE account_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2"
     ),
 };

@@ -9,40 +9,24 @@ use super::shared::{
 };
 use super::{Backend, Invoice, Payment, Receipt};
 
-macro_rules! sqlite_insert_payment {
-    () => {
-        "INSERT INTO payments
-             (id, account_id, idem_key, amount, currency, status, reference, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
-    };
-}
-
-macro_rules! sqlite_select_payment {
-    () => {
-        "SELECT id, amount, currency, status, reference, created_at FROM payments"
-    };
-}
-
+/// The statements, one file each in `sql/sqlite/`; a payment's `SELECT` and `INSERT`
+/// are written once and completed here.
 const SQLITE: Statements = Statements {
-    insert_receipt:
-        "INSERT INTO receipts (event_id, payment_id, account_id, amount, currency, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    insert_payment_if_key_free: concat!(sqlite_insert_payment!(), if_key_free!()),
-    insert_payment: sqlite_insert_payment!(),
-    retire_key: "UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
-         WHERE account_id = ?1 AND idem_key = ?2 AND created_at <= ?3",
-    next_invoice_number: "INSERT INTO invoice_counters (account_id, last_number) VALUES (?1, 1)
-         ON CONFLICT (account_id) DO UPDATE SET last_number = last_number + 1
-         RETURNING last_number",
-    insert_invoice:
-        "INSERT INTO invoices (id, account_id, number, amount, currency, idem_key, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    insert_receipt: include_str!("sql/sqlite/insert_receipt.sql"),
+    insert_payment_if_key_free: concat!(
+        include_str!("sql/sqlite/insert_payment.sql"),
+        if_key_free!()
+    ),
+    insert_payment: include_str!("sql/sqlite/insert_payment.sql"),
+    retire_key: include_str!("sql/sqlite/retire_key.sql"),
+    next_invoice_number: include_str!("sql/sqlite/next_invoice_number.sql"),
+    insert_invoice: include_str!("sql/sqlite/insert_invoice.sql"),
     find_payment: concat!(
-        sqlite_select_payment!(),
+        include_str!("sql/sqlite/select_payment.sql"),
         " WHERE id = ?1 AND account_id = ?2"
     ),
     list_payments: concat!(
-        sqlite_select_payment!(),
+        include_str!("sql/sqlite/select_payment.sql"),
         " WHERE account_id = ?1 ORDER BY created_at DESC, id DESC LIMIT ?2"
     ),
 };
