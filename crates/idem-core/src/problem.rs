@@ -48,6 +48,26 @@ pub enum ProblemKind {
 }
 
 impl ProblemKind {
+    /// Every kind, in declaration order: for documents that list them all (an OpenAPI
+    /// document's problem schemas), so that a new kind is not left out by a copied list.
+    pub const ALL: [Self; 15] = [
+        Self::MissingKey,
+        Self::MalformedKey,
+        Self::MalformedBody,
+        Self::Mismatch,
+        Self::InUse,
+        Self::OutcomeUnknown,
+        Self::BodyTooLarge,
+        Self::BodyTimeout,
+        Self::StoreUnavailable,
+        Self::UpstreamUnavailable,
+        Self::UpstreamTimeout,
+        Self::NoAccount,
+        Self::NoCredential,
+        Self::HandlerFailed,
+        Self::NoTransaction,
+    ];
+
     /// The stable `type` URI.
     pub fn type_uri(self) -> &'static str {
         match self {
@@ -232,6 +252,33 @@ mod tests {
         assert_eq!(body["error"]["type"], "idempotency_error");
         assert_eq!(body["error"]["message"], "changed");
         assert_eq!(problem.to_json_in(ErrorDialect::Problem), problem.to_json());
+    }
+
+    #[test]
+    fn all_lists_every_kind_once_in_declaration_order() {
+        // Exhaustive on purpose: a new kind does not compile here until it has the next place
+        // and the range below counts it; then the test fails until `ALL` lists it there.
+        let place = |kind: ProblemKind| match kind {
+            ProblemKind::MissingKey => 0,
+            ProblemKind::MalformedKey => 1,
+            ProblemKind::MalformedBody => 2,
+            ProblemKind::Mismatch => 3,
+            ProblemKind::InUse => 4,
+            ProblemKind::OutcomeUnknown => 5,
+            ProblemKind::BodyTooLarge => 6,
+            ProblemKind::BodyTimeout => 7,
+            ProblemKind::StoreUnavailable => 8,
+            ProblemKind::UpstreamUnavailable => 9,
+            ProblemKind::UpstreamTimeout => 10,
+            ProblemKind::NoAccount => 11,
+            ProblemKind::NoCredential => 12,
+            ProblemKind::HandlerFailed => 13,
+            ProblemKind::NoTransaction => 14,
+        };
+        let places: Vec<usize> = ProblemKind::ALL.into_iter().map(place).collect();
+        assert_eq!(places, (0..=14).collect::<Vec<_>>());
+        let uris: std::collections::HashSet<_> = ProblemKind::ALL.map(ProblemKind::type_uri).into();
+        assert_eq!(uris.len(), ProblemKind::ALL.len(), "one type URI per kind");
     }
 
     #[test]

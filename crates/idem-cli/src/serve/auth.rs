@@ -4,10 +4,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use idem_core::AccountId;
+
+use super::error::ApiError;
 
 /// Puts the request's [`AccountId`] in its extensions, or answers `401`.
 pub(crate) async fn authenticate(
@@ -26,17 +28,6 @@ pub(crate) async fn authenticate(
             request.extensions_mut().insert(account.clone());
             next.run(request).await
         }
-        None => {
-            let mut response = super::payments::problem(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Authentication required",
-                "send Authorization: Bearer <token> with a registered sandbox token",
-            );
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            response.into_response()
-        }
+        None => ApiError::Unauthorized.into_response(),
     }
 }

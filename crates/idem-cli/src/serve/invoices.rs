@@ -10,7 +10,8 @@ use idem_tower::Tx;
 
 use super::app::App;
 use super::backend::{Backend, Invoice};
-use super::payments::{database_error, invalid, parse_request};
+use super::error::ApiError;
+use super::payments::{database_error, parse_request};
 
 /// Issues the account's next invoice number. The counter, the invoice and the key's stored
 /// response commit together: a retry gets the number already issued, and a request that rolls
@@ -23,7 +24,7 @@ pub(crate) async fn create<B: Backend>(
 ) -> Response {
     let request = match parse_request(&body) {
         Ok(parsed) => parsed,
-        Err(detail) => return invalid(&detail),
+        Err(detail) => return ApiError::Invalid(detail).into_response(),
     };
     let mut invoice = Invoice {
         id: format!("inv_{}", uuid::Uuid::now_v7().simple()),
@@ -42,6 +43,6 @@ pub(crate) async fn create<B: Backend>(
     {
         Ok(()) => (StatusCode::CREATED, Json(invoice)).into_response(),
         // Nothing commits on an error (5xx rolls back), so no number is used.
-        Err(e) => database_error(e),
+        Err(e) => database_error(e).into_response(),
     }
 }

@@ -26,6 +26,7 @@ mod app;
 mod auth;
 mod backend;
 mod config;
+mod error;
 mod invoices;
 mod openapi;
 mod payments;

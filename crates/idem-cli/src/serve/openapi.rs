@@ -6,10 +6,12 @@
 //! route by route can list every answer a route gives. `tests/openapi.rs` and
 //! `scripts/schemathesis.sh` hold it to what the server does.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use idem_core::{KeyLimits, Policy};
+use idem_core::{KeyLimits, Policy, ProblemKind};
 use serde_json::json;
 use utoipa::openapi::extensions::Extensions;
 use utoipa::openapi::header::HeaderBuilder;
@@ -30,120 +32,145 @@ use utoipa::openapi::{
 
 use super::app::App;
 use super::backend::Backend;
+use super::error::ApiError;
 
 /// The media type of every problem-details answer (RFC 9457).
 const PROBLEM_JSON: &str = "application/problem+json";
 const JSON: &str = "application/json";
 
-/// One problem type idem serve answers with: the schema's name, its `type`, and the statuses
-/// it comes with.
+/// One problem type idem serve answers with: its `type`, the statuses it comes with, and what
+/// it means here.
 struct ProblemType {
-    schema: &'static str,
     uri: &'static str,
-    statuses: &'static [u16],
+    statuses: BTreeSet<u16>,
     description: &'static str,
 }
 
-/// Every problem type idem serve can answer with: the idempotency layer's (idem-core's
-/// `ProblemKind`) and the service's own (`problem(...)` in payments.rs, payouts.rs, auth.rs).
-const PROBLEMS: &[ProblemType] = &[
-    ProblemType {
-        schema: "MissingKeyProblem",
-        uri: "urn:idem:problem:missing-key",
-        statuses: &[400],
-        description: "A POST came without an Idempotency-Key header. Nothing was stored.",
-    },
-    ProblemType {
-        schema: "MalformedKeyProblem",
-        uri: "urn:idem:problem:malformed-key",
-        statuses: &[400],
-        description: "The Idempotency-Key header is malformed: outside 8-255 characters of visible ASCII, a list, parameters, or several fields. Nothing was stored.",
-    },
-    ProblemType {
-        schema: "MalformedBodyProblem",
-        uri: "urn:idem:problem:malformed-body",
-        statuses: &[400],
-        description: "The body could not be fingerprinted (a JSON object with a duplicate member, or a body that could not be read). Nothing was stored.",
-    },
-    ProblemType {
-        schema: "ValidationProblem",
-        uri: "urn:idem:problem:validation",
-        statuses: &[400],
-        description: "The request is not a valid payment request (amount a positive integer, currency three capital letters). Not stored: fix the request and retry with the same key.",
-    },
-    ProblemType {
-        schema: "UnauthorizedProblem",
-        uri: "urn:idem:problem:unauthorized",
-        statuses: &[401],
-        description: "No registered sandbox token in `Authorization: Bearer <token>`.",
-    },
-    ProblemType {
-        schema: "CardDeclinedProblem",
-        uri: "urn:idem:problem:card-declined",
-        statuses: &[402],
-        description: "The payment provider declined the payout: a business outcome, stored and replayed.",
-    },
-    ProblemType {
-        schema: "NotFoundProblem",
-        uri: "urn:idem:problem:not-found",
-        statuses: &[404],
-        description: "No such payment in the authenticated account.",
-    },
-    ProblemType {
-        schema: "BodyTimeoutProblem",
-        uri: "urn:idem:problem:body-timeout",
-        statuses: &[408],
-        description: "The request body did not arrive in time. Nothing was stored.",
-    },
-    ProblemType {
-        schema: "InUseProblem",
-        uri: "urn:idem:problem:in-use",
-        statuses: &[409],
-        description: "The key's original request is still running; retry after Retry-After seconds.",
-    },
-    ProblemType {
-        schema: "OutcomeUnknownProblem",
-        uri: "urn:idem:problem:outcome-unknown",
-        statuses: &[409, 502, 504],
-        description: "A payout may or may not have happened (the provider failed or did not answer, 502/504), or such a payout is being reconciled with the provider (409). Retry with the same key to learn which.",
-    },
-    ProblemType {
-        schema: "BodyTooLargeProblem",
-        uri: "urn:idem:problem:body-too-large",
-        statuses: &[413],
-        description: "The request body is over the limit. Nothing was stored.",
-    },
-    ProblemType {
-        schema: "MismatchProblem",
-        uri: "urn:idem:problem:mismatch",
-        statuses: &[422],
-        description: "The key was used for a different request (method, path, query, content type or body). The stored record is untouched.",
-    },
-    ProblemType {
-        schema: "InternalProblem",
-        uri: "urn:idem:problem:internal",
-        statuses: &[500],
-        description: "The payment could not be recorded. Nothing was charged or stored; retry with the same key.",
-    },
-    ProblemType {
-        schema: "HandlerFailedProblem",
-        uri: "urn:idem:problem:handler-failed",
-        statuses: &[500],
-        description: "The handler failed unexpectedly (it panicked). Nothing was stored and the key is free: a retry with the same key runs again (a payout whose outcome may be unknown is reconciled first).",
-    },
-    ProblemType {
-        schema: "UpstreamUnavailableProblem",
-        uri: "urn:idem:problem:upstream-unavailable",
-        statuses: &[502],
-        description: "The payment provider could not be reached; nothing was sent to it, so a retry with the same key runs fresh.",
-    },
-    ProblemType {
-        schema: "StoreUnavailableProblem",
-        uri: "urn:idem:problem:store-unavailable",
-        statuses: &[503],
-        description: "The database is unavailable; the request was not processed. Retry after Retry-After seconds with the same key.",
-    },
+/// Every problem type idem serve can answer with: the idempotency layers' (those of
+/// idem-core's [`ProblemKind`]s they answer on these routes) and the service's own (every
+/// [`ApiError`]), the statuses of a type both answer merged into one schema.
+fn problem_types() -> Vec<ProblemType> {
+    let layer = ProblemKind::ALL
+        .into_iter()
+        .filter_map(|kind| Some((kind.type_uri(), kind.status(), layer_description(kind)?)));
+    let service = ApiError::every().into_iter().map(|error| {
+        let description = service_description(&error);
+        (error.type_uri(), error.status().as_u16(), description)
+    });
+    let mut types: BTreeMap<&'static str, (BTreeSet<u16>, Option<&'static str>)> = BTreeMap::new();
+    for (uri, status, description) in layer.map(|(u, s, d)| (u, s, Some(d))).chain(service) {
+        let (statuses, described) = types.entry(uri).or_default();
+        statuses.insert(status);
+        *described = described.or(description);
+    }
+    types
+        .into_iter()
+        .map(|(uri, (statuses, description))| ProblemType {
+            uri,
+            statuses,
+            description: description
+                .unwrap_or_else(|| panic!("{uri} has no description in the document")),
+        })
+        .collect()
+}
+
+/// The kinds of idem-core's that no route of idem serve answers: the gateway's upstream
+/// failures and credential scope (a payout's unreachable provider is the service's own
+/// [`ApiError::ProviderUnreachable`]), a missing account (authentication runs before the
+/// layers), and a missing transaction (only routes behind the transactional layer take one).
+const NOT_ANSWERED_HERE: [ProblemKind; 5] = [
+    ProblemKind::UpstreamUnavailable,
+    ProblemKind::UpstreamTimeout,
+    ProblemKind::NoAccount,
+    ProblemKind::NoCredential,
+    ProblemKind::NoTransaction,
 ];
+
+/// What a problem of the idempotency layers means on these routes; `None` for those in
+/// [`NOT_ANSWERED_HERE`] (a unit test holds every kind to one or the other).
+fn layer_description(kind: ProblemKind) -> Option<&'static str> {
+    if NOT_ANSWERED_HERE.contains(&kind) {
+        return None;
+    }
+    Some(match kind {
+        ProblemKind::MissingKey => {
+            "A POST came without an Idempotency-Key header. Nothing was stored."
+        }
+        ProblemKind::MalformedKey => {
+            "The Idempotency-Key header is malformed: outside 8-255 characters of visible ASCII, a list, parameters, or several fields. Nothing was stored."
+        }
+        ProblemKind::MalformedBody => {
+            "The body could not be fingerprinted (a JSON object with a duplicate member, or a body that could not be read). Nothing was stored."
+        }
+        ProblemKind::BodyTimeout => "The request body did not arrive in time. Nothing was stored.",
+        ProblemKind::InUse => {
+            "The key's original request is still running; retry after Retry-After seconds."
+        }
+        // The layer's 409 and the payout handler's 502/504 (ApiError's provider failures).
+        ProblemKind::OutcomeUnknown => {
+            "A payout may or may not have happened (the provider failed or did not answer, 502/504), or such a payout is being reconciled with the provider (409). Retry with the same key to learn which."
+        }
+        ProblemKind::BodyTooLarge => "The request body is over the limit. Nothing was stored.",
+        ProblemKind::Mismatch => {
+            "The key was used for a different request (method, path, query, content type or body). The stored record is untouched."
+        }
+        ProblemKind::HandlerFailed => {
+            "The handler failed unexpectedly (it panicked). Nothing was stored and the key is free: a retry with the same key runs again (a payout whose outcome may be unknown is reconciled first)."
+        }
+        // The layer's and the handlers' alike (ApiError::StoreUnavailable).
+        ProblemKind::StoreUnavailable => {
+            "The database is unavailable; the request was not processed. Retry after Retry-After seconds with the same key."
+        }
+        // A kind idem-core gained since: the unit test asks for a description or a reason.
+        _ => return None,
+    })
+}
+
+/// What one of the service's own problems means; `None` where the layer's kind of the same
+/// `type` describes it.
+fn service_description(error: &ApiError) -> Option<&'static str> {
+    Some(match error {
+        ApiError::Invalid(_) => {
+            "The request is not a valid payment request (amount a positive integer, currency three capital letters). Not stored: fix the request and retry with the same key."
+        }
+        ApiError::Unauthorized => "No registered sandbox token in `Authorization: Bearer <token>`.",
+        ApiError::CardDeclined => {
+            "The payment provider declined the payout: a business outcome, stored and replayed."
+        }
+        ApiError::NotFound { .. } => "No such payment in the authenticated account.",
+        ApiError::NotRecorded => {
+            "The payment could not be recorded. Nothing was charged or stored; retry with the same key."
+        }
+        ApiError::ProviderUnreachable => {
+            "The payment provider could not be reached; nothing was sent to it, so a retry with the same key runs fresh."
+        }
+        ApiError::ProviderFailed
+        | ApiError::ProviderUnreadable
+        | ApiError::ProviderSilent
+        | ApiError::StoreUnavailable => return None,
+    })
+}
+
+/// The component name of the schema of the problem `type` `uri`:
+/// `urn:idem:problem:in-use` is `InUseProblem`.
+fn schema_name(uri: &str) -> String {
+    let name = uri
+        .strip_prefix("urn:idem:problem:")
+        .expect("every problem type is an idem URN");
+    let mut schema: String = name
+        .split('-')
+        .flat_map(|word| {
+            let mut chars = word.chars();
+            chars
+                .next()
+                .map(|first| first.to_ascii_uppercase())
+                .into_iter()
+                .chain(chars)
+        })
+        .collect();
+    schema.push_str("Problem");
+    schema
+}
 
 /// `GET /openapi.json`: the document, for the policy this server runs with.
 pub(crate) async fn document<B: Backend>(State(app): State<App<B>>) -> Response {
@@ -218,8 +245,8 @@ fn components(policy: &Policy) -> Components {
     for (name, header) in headers() {
         components = components.header(name, header);
     }
-    for problem in PROBLEMS {
-        components = components.schema(problem.schema, problem_schema(problem));
+    for problem in problem_types() {
+        components = components.schema(schema_name(problem.uri), problem_schema(&problem));
     }
     components
         .schema("PaymentRequest", payment_request())
@@ -311,7 +338,7 @@ fn create_payment() -> Operation {
         "Create a payment",
         "Charges `amount` minor units of `currency` once per Idempotency-Key: a retry with the same key and body replays the first answer.",
         created,
-        &["InUseProblem"],
+        &[ProblemKind::InUse.type_uri()],
         &[],
         true,
     )
@@ -356,7 +383,7 @@ fn get_payment() -> Operation {
         "404",
         problem_response(
             "No such payment in this account.",
-            &["NotFoundProblem"],
+            &[ApiError::NOT_FOUND],
             false,
         ),
     );
@@ -373,7 +400,7 @@ fn create_invoice() -> Operation {
             "The invoice was issued (or, with Idempotent-Replayed, issued by the key's first request).",
             "Invoice",
         )),
-        &["InUseProblem"],
+        &[ProblemKind::InUse.type_uri()],
         &[],
         false,
     )
@@ -390,13 +417,13 @@ fn create_payout() -> Operation {
             "The provider paid (or, with Idempotent-Replayed, paid for the key's first request).",
             "Payout",
         )),
-        &["InUseProblem", "OutcomeUnknownProblem"],
+        &[ProblemKind::InUse.type_uri(), ProblemKind::OutcomeUnknown.type_uri()],
         &[
             (
                 "402",
                 ResponseBuilder::new()
                     .description("The provider declined: a business outcome, stored and replayed.")
-                    .content(PROBLEM_JSON, problem_content(&["CardDeclinedProblem"]))
+                    .content(PROBLEM_JSON, problem_content(&[ApiError::CARD_DECLINED]))
                     .header_ref("Idempotent-Replayed", header("IdempotentReplayed"))
                     .build(),
             ),
@@ -404,14 +431,14 @@ fn create_payout() -> Operation {
                 "502",
                 retry_required(
                     "The provider could not be reached (nothing was sent), or it failed and the payout may have happened.",
-                    &["UpstreamUnavailableProblem", "OutcomeUnknownProblem"],
+                    &[ProblemKind::UpstreamUnavailable.type_uri(), ProblemKind::OutcomeUnknown.type_uri()],
                 ),
             ),
             (
                 "504",
                 retry_required(
                     "The provider did not answer: the payout may have happened; it is reconciled with the provider.",
-                    &["OutcomeUnknownProblem"],
+                    &[ProblemKind::OutcomeUnknown.type_uri()],
                 ),
             ),
         ],
@@ -512,26 +539,26 @@ fn covered_post(
             "400",
             problem_response(
                 "The key is missing or malformed, the body cannot be fingerprinted, or the request is invalid. Nothing was stored: fix the request and retry with the same key.",
-                &["MissingKeyProblem", "MalformedKeyProblem", "MalformedBodyProblem", "ValidationProblem"],
+                &[ProblemKind::MissingKey.type_uri(), ProblemKind::MalformedKey.type_uri(), ProblemKind::MalformedBody.type_uri(), ApiError::VALIDATION],
                 false,
             )
             .header("Link", policy_link()),
         )
         .response("401", unauthorized())
-        .response("408", problem_response("The body did not arrive in time.", &["BodyTimeoutProblem"], false))
+        .response("408", problem_response("The body did not arrive in time.", &[ProblemKind::BodyTimeout.type_uri()], false))
         .response(
             "409",
             problem_response("The key's original request is still running or being reconciled.", conflict, true)
                 .header("Link", policy_link())
                 .build(),
         )
-        .response("413", problem_response("The body is over the limit.", &["BodyTooLargeProblem"], false))
+        .response("413", problem_response("The body is over the limit.", &[ProblemKind::BodyTooLarge.type_uri()], false))
         .response(
             "422",
-            problem_response("The key was used for a different request.", &["MismatchProblem"], false)
+            problem_response("The key was used for a different request.", &[ProblemKind::Mismatch.type_uri()], false)
                 .header("Link", policy_link()),
         )
-        .response("503", retry_required("The database is unavailable; nothing was done.", &["StoreUnavailableProblem"]));
+        .response("503", retry_required("The database is unavailable; nothing was done.", &[ProblemKind::StoreUnavailable.type_uri()]));
     for (status, response) in extra {
         responses = responses.response(*status, response.clone());
     }
@@ -540,12 +567,12 @@ fn covered_post(
     let (failed, failures): (&str, &[&str]) = if internal {
         (
             "The payment could not be recorded, or the handler failed unexpectedly; nothing was charged or stored.",
-            &["InternalProblem", "HandlerFailedProblem"],
+            &[ApiError::INTERNAL, ProblemKind::HandlerFailed.type_uri()],
         )
     } else {
         (
             "The handler failed unexpectedly; nothing was stored.",
-            &["HandlerFailedProblem"],
+            &[ProblemKind::HandlerFailed.type_uri()],
         )
     };
     responses = responses.response("500", problem_response(failed, failures, false));
@@ -577,7 +604,7 @@ fn json_answer(description: &str, schema: &str) -> ResponseBuilder {
 fn unauthorized() -> ResponseBuilder {
     ResponseBuilder::new()
         .description("No registered bearer token.")
-        .content(PROBLEM_JSON, problem_content(&["UnauthorizedProblem"]))
+        .content(PROBLEM_JSON, problem_content(&[ApiError::UNAUTHORIZED]))
         .header_ref("WWW-Authenticate", header("WwwAuthenticate"))
 }
 
@@ -588,21 +615,22 @@ fn account_read(operation: OperationBuilder) -> OperationBuilder {
         "503",
         problem_response(
             "The database is unavailable.",
-            &["StoreUnavailableProblem"],
+            &[ProblemKind::StoreUnavailable.type_uri()],
             true,
         ),
     )
 }
 
 /// A problem answer that always carries `Retry-After`.
-fn retry_required(description: &str, schemas: &[&str]) -> utoipa::openapi::Response {
-    problem_response(description, schemas, true).build()
+fn retry_required(description: &str, types: &[&str]) -> utoipa::openapi::Response {
+    problem_response(description, types, true).build()
 }
 
-fn problem_response(description: &str, schemas: &[&str], retry: bool) -> ResponseBuilder {
+/// A problem answer whose `type` is one of `types`.
+fn problem_response(description: &str, types: &[&str], retry: bool) -> ResponseBuilder {
     let response = ResponseBuilder::new()
         .description(description)
-        .content(PROBLEM_JSON, problem_content(schemas));
+        .content(PROBLEM_JSON, problem_content(types));
     if retry {
         response.header("Retry-After", retry_after(true))
     } else {
@@ -632,13 +660,14 @@ fn retry_after(required: bool) -> utoipa::openapi::Header {
         .build()
 }
 
-fn problem_content(schemas: &[&str]) -> utoipa::openapi::Content {
-    let schema: RefOr<Schema> = match schemas {
-        [one] => schema_ref(one),
+/// The content of a problem answer whose `type` is one of `types`.
+fn problem_content(types: &[&str]) -> utoipa::openapi::Content {
+    let schema: RefOr<Schema> = match types {
+        [one] => schema_ref(&schema_name(one)),
         many => many
             .iter()
-            .fold(OneOfBuilder::new(), |one_of, name| {
-                one_of.item(schema_ref(name))
+            .fold(OneOfBuilder::new(), |one_of, uri| {
+                one_of.item(schema_ref(&schema_name(uri)))
             })
             .into(),
     };
@@ -836,4 +865,57 @@ fn integer(minimum: i64) -> ObjectBuilder {
     ObjectBuilder::new()
         .schema_type(Type::Integer)
         .minimum(Some(minimum))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_of_the_layer_is_described_or_named_as_not_answered_here() {
+        for kind in ProblemKind::ALL {
+            assert_ne!(
+                layer_description(kind).is_some(),
+                NOT_ANSWERED_HERE.contains(&kind),
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_problem_types_are_those_the_document_has_always_listed() {
+        let listed: Vec<(String, String, Vec<u16>)> = problem_types()
+            .into_iter()
+            .map(|problem| {
+                let statuses = problem.statuses.into_iter().collect();
+                (schema_name(problem.uri), problem.uri.to_owned(), statuses)
+            })
+            .collect();
+        let before = [
+            ("BodyTimeoutProblem", "body-timeout", &[408][..]),
+            ("BodyTooLargeProblem", "body-too-large", &[413]),
+            ("CardDeclinedProblem", "card-declined", &[402]),
+            ("HandlerFailedProblem", "handler-failed", &[500]),
+            ("InUseProblem", "in-use", &[409]),
+            ("InternalProblem", "internal", &[500]),
+            ("MalformedBodyProblem", "malformed-body", &[400]),
+            ("MalformedKeyProblem", "malformed-key", &[400]),
+            ("MismatchProblem", "mismatch", &[422]),
+            ("MissingKeyProblem", "missing-key", &[400]),
+            ("NotFoundProblem", "not-found", &[404]),
+            ("OutcomeUnknownProblem", "outcome-unknown", &[409, 502, 504]),
+            ("StoreUnavailableProblem", "store-unavailable", &[503]),
+            ("UnauthorizedProblem", "unauthorized", &[401]),
+            ("UpstreamUnavailableProblem", "upstream-unavailable", &[502]),
+            ("ValidationProblem", "validation", &[400]),
+        ]
+        .map(|(schema, name, statuses)| {
+            (
+                schema.to_owned(),
+                format!("urn:idem:problem:{name}"),
+                statuses.to_vec(),
+            )
+        });
+        assert_eq!(listed, before);
+    }
 }

@@ -11,26 +11,8 @@ use serde_json::Value;
 
 use super::app::App;
 use super::backend::{Backend, Payment};
+use super::error::ApiError;
 use crate::runtime::PAYMENTS_TOPIC;
-
-/// A problem-details response for the service's own errors (validation, not found).
-pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        idem_core::Problem::other(kind, title.to_owned(), status.as_u16(), detail).to_json(),
-    )
-        .into_response()
-}
-
-pub(crate) fn invalid(detail: &str) -> Response {
-    problem(
-        StatusCode::BAD_REQUEST,
-        "validation",
-        "The payment request is invalid",
-        detail,
-    )
-}
 
 /// A validated payment request.
 pub(crate) struct NewPayment {
@@ -140,7 +122,7 @@ pub(crate) async fn create<B: Backend>(
 ) -> Response {
     let request = match parse_request(&body) {
         Ok(parsed) => parsed,
-        Err(detail) => return invalid(&detail),
+        Err(detail) => return ApiError::Invalid(detail).into_response(),
     };
     let payment = Payment {
         id: format!("pay_{}", uuid::Uuid::now_v7().simple()),
@@ -175,14 +157,9 @@ pub(crate) async fn create<B: Backend>(
         let safety_net = e.is_unique_violation();
         tracing::error!(error = %e, safety_net, "inserting a payment failed");
         if matches!(e, idem_store::Error::Unavailable(_)) {
-            return unavailable();
+            return ApiError::StoreUnavailable.into_response();
         }
-        return problem(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "The payment could not be recorded",
-            "nothing was charged; retry with the same key",
-        );
+        return ApiError::NotRecorded.into_response();
     }
     (
         StatusCode::CREATED,
@@ -243,25 +220,12 @@ pub(crate) fn payment_succeeded(account: &str, payment: &Payment) -> idem_consum
     }
 }
 
-/// `503` with `Retry-After`: the database could not be reached; nothing was done.
-pub(crate) fn database_error(e: impl Into<idem_store::Error>) -> Response {
+/// [`ApiError::StoreUnavailable`] for `e`, which it logs: the database could not be reached,
+/// nothing was done.
+pub(crate) fn database_error(e: impl Into<idem_store::Error>) -> ApiError {
     let e = e.into();
     tracing::error!(error = &e as &dyn std::error::Error, "the database failed");
-    unavailable()
-}
-
-/// `503` with `Retry-After`, the cause already logged.
-fn unavailable() -> Response {
-    let mut response = problem(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "store-unavailable",
-        "The database is unavailable",
-        "nothing was done; retry later",
-    );
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-    response
+    ApiError::StoreUnavailable
 }
 
 /// `GET /payments/{id}`: only the owning account sees a payment; others get `404`.
@@ -272,13 +236,8 @@ pub(crate) async fn show<B: Backend>(
 ) -> Response {
     match app.store.find_payment(account.as_str(), &id).await {
         Ok(Some(payment)) => Json(payment).into_response(),
-        Ok(None) => problem(
-            StatusCode::NOT_FOUND,
-            "not-found",
-            "No such payment",
-            &format!("no payment {id} in this account"),
-        ),
-        Err(e) => database_error(e),
+        Ok(None) => ApiError::NotFound { id }.into_response(),
+        Err(e) => database_error(e).into_response(),
     }
 }
 
@@ -289,7 +248,7 @@ pub(crate) async fn list<B: Backend>(
 ) -> Response {
     match app.store.list_payments(account.as_str(), 100).await {
         Ok(data) => Json(serde_json::json!({ "data": data })).into_response(),
-        Err(e) => database_error(e),
+        Err(e) => database_error(e).into_response(),
     }
 }
 

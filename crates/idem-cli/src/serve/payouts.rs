@@ -25,7 +25,8 @@ use tokio::task::JoinHandle;
 
 use super::app::App;
 use super::backend::Backend;
-use super::payments::{invalid, parse_request, problem};
+use super::error::ApiError;
+use super::payments::parse_request;
 use super::provider::{Charge, PausePoint, Provider};
 
 /// A payout as the API shows it.
@@ -53,7 +54,9 @@ fn payout_response(charge: &Charge) -> (StatusCode, Vec<u8>) {
     )
 }
 
-fn with_outcome(mut response: Response, outcome: Outcome) -> Response {
+/// The response of `error`, telling the lease layer what became of the payout.
+fn with_outcome(error: ApiError, outcome: Outcome) -> Response {
+    let mut response = error.into_response();
     response.extensions_mut().insert(outcome);
     response
 }
@@ -66,7 +69,7 @@ pub(crate) async fn create<B: Backend>(
 ) -> Response {
     let request = match parse_request(&body) {
         Ok(parsed) => parsed,
-        Err(detail) => return invalid(&detail),
+        Err(detail) => return ApiError::Invalid(detail).into_response(),
     };
     app.provider.pause_at(PausePoint::BeforeProvider).await;
     let call = app
@@ -88,29 +91,12 @@ pub(crate) async fn create<B: Backend>(
 fn call_failed(e: &reqwest::Error) -> Response {
     if e.is_connect() {
         // Nothing reached the provider: nothing happened, the retry runs fresh.
-        let mut refused = problem(
-            StatusCode::BAD_GATEWAY,
-            "upstream-unavailable",
-            "The payment provider is unavailable",
-            "nothing was sent to the provider; retry with the same key",
-        );
-        refused
-            .headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from(1));
-        return with_outcome(refused, Outcome::Release);
+        return with_outcome(ApiError::ProviderUnreachable, Outcome::Release);
     }
     // Sent, then no answer: the provider may have paid. The record stays in progress until
     // the reconciler finds out.
     tracing::warn!(error = %e, "the provider call failed after it was sent");
-    with_outcome(
-        problem(
-            StatusCode::GATEWAY_TIMEOUT,
-            "outcome-unknown",
-            "The payment provider did not answer",
-            "the payout may or may not have happened; retry with the same key to learn which",
-        ),
-        Outcome::Unknown,
-    )
+    with_outcome(ApiError::ProviderSilent, Outcome::Unknown)
 }
 
 /// The answer to a payout from the provider's `status` and `body`: the payout, a decline
@@ -124,35 +110,14 @@ fn answered(status: u16, body: reqwest::Result<Bytes>) -> Response {
             }
             Err(e) => {
                 tracing::error!(error = %e, "the provider's answer is unreadable");
-                with_outcome(
-                    problem(
-                        StatusCode::BAD_GATEWAY,
-                        "outcome-unknown",
-                        "The payment provider's answer is unreadable",
-                        "the payout may have happened; retry with the same key to learn which",
-                    ),
-                    Outcome::Unknown,
-                )
+                with_outcome(ApiError::ProviderUnreadable, Outcome::Unknown)
             }
         },
         // A decline is a business outcome: stored and replayed.
-        (402, _) => problem(
-            StatusCode::PAYMENT_REQUIRED,
-            "card-declined",
-            "The payment provider declined the payout",
-            "declined by the provider",
-        ),
+        (402, _) => ApiError::CardDeclined.into_response(),
         (code, _) => {
             tracing::warn!(status = code, "the provider failed");
-            with_outcome(
-                problem(
-                    StatusCode::BAD_GATEWAY,
-                    "outcome-unknown",
-                    "The payment provider failed",
-                    "the payout may or may not have happened; retry with the same key to learn which",
-                ),
-                Outcome::Unknown,
-            )
+            with_outcome(ApiError::ProviderFailed, Outcome::Unknown)
         }
     }
 }

@@ -1,0 +1,4 @@
+INSERT INTO payments
+    (id, account_id, idem_key, amount, currency, status, reference, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7,
+        to_timestamp($8 / 1000) + ($8 % 1000) * interval '1 millisecond')

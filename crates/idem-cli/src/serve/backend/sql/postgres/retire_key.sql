@@ -1,0 +1,3 @@
+UPDATE payments SET retired_idem_key = idem_key, idem_key = NULL
+WHERE account_id = $1 AND idem_key = $2
+  AND created_at <= to_timestamp($3 / 1000) + ($3 % 1000) * interval '1 millisecond'

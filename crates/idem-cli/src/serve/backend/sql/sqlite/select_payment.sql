@@ -1,0 +1,1 @@
+SELECT id, amount, currency, status, reference, created_at FROM payments
