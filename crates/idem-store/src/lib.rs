@@ -56,6 +56,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -349,6 +351,10 @@ pub(crate) fn millis(d: Duration) -> i64 {
 }
 
 /// Runs the sweeper once: deletes expired records in batches until none is left.
+///
+/// # Errors
+///
+/// The first error of the store's [`sweep`](Store::sweep); the batches before it stay deleted.
 pub async fn sweep_all<S: Store>(store: &S, now: Timestamp, batch: u32) -> Result<u64> {
     sweep_all_paced(store, now, batch, 0).await
 }
@@ -358,6 +364,10 @@ pub async fn sweep_all<S: Store>(store: &S, now: Timestamp, batch: u32) -> Resul
 /// need that time: on SQLite they wait for the same one writer, and 1,000 rows deleted back
 /// to back there held it long enough to cost a server under load a third to a half of its
 /// throughput.
+///
+/// # Errors
+///
+/// As for [`sweep_all`].
 pub async fn sweep_all_paced<S: Store>(
     store: &S,
     now: Timestamp,
