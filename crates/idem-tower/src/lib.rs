@@ -83,6 +83,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
+
 mod body;
 mod claim;
 mod grpc;
