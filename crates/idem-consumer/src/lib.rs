@@ -41,6 +41,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
+
 mod broker;
 mod consumer;
 mod inbox;
