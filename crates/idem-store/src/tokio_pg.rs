@@ -294,9 +294,9 @@ impl TokioPgTx {
     ///
     /// # Errors
     ///
-    /// [`Error::Unavailable`] when the connection is lost or the answer passes its deadline
-    /// (the outcome is then unknown), and [`Error::Postgres`] when PostgreSQL refuses the
-    /// commit. The transaction is over either way.
+    /// [`Error::Unavailable`] when the connection is lost (the outcome is then unknown), and
+    /// [`Error::Postgres`] when PostgreSQL refuses the commit. The transaction is over either
+    /// way.
     pub async fn commit(mut self) -> Result<()> {
         self.end_with(COMMIT).await
     }

@@ -101,8 +101,9 @@ impl SqliteStore {
     ///
     /// # Errors
     ///
-    /// [`Error::Unavailable`] when the file cannot be opened or created, [`Error::Database`]
-    /// when SQLite refuses a statement, and [`Error::Migrate`] when the migrations fail.
+    /// [`Error::Database`] (or [`Error::Unavailable`], for an I/O error) when the file cannot
+    /// be opened or created or SQLite refuses a statement, and [`Error::Migrate`] when the
+    /// migrations fail.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::with_options(SqliteConnectOptions::new().filename(path)).await
     }
