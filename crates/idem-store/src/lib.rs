@@ -162,6 +162,14 @@ pub enum ClaimOutcome {
 ///
 /// Times are judged by the store's clock; each `now` a method takes is the caller's, the frame
 /// of the times it passes and gets back (see [One clock](crate#one-clock-the-stores)).
+///
+/// # Errors
+///
+/// Every method may fail with [`Error::Unavailable`] when the store cannot be reached, no
+/// connection is free in time, or a statement passes its deadline; and with the backend's
+/// own variant ([`Error::Database`], `Postgres`, `Redis`) when it refuses a statement. Those
+/// that read a record back give [`Error::Corrupt`] when it cannot be read as one, and
+/// [`claim`](Self::claim) gives [`Error::Raced`] when it kept losing to records that vanished.
 pub trait Store: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// Reads the record `scope` names, if any, its times in the frame of the caller's `now`.
     /// Never blocks on a concurrent claim.
@@ -225,6 +233,11 @@ pub trait Store: Clone + std::fmt::Debug + Send + Sync + 'static {
 }
 
 /// A store whose key row can share a transaction with the handler's business writes.
+///
+/// # Errors
+///
+/// As for [`Store`]; [`commit_response`](Self::commit_response) also gives [`Error::Raced`]
+/// when the transaction's own key row vanished, and then nothing was committed.
 pub trait TransactionalStore: Store {
     /// The open transaction the handler writes through.
     type Tx: Send + std::fmt::Debug + 'static;
@@ -308,6 +321,10 @@ impl RecordFilter {
 
 /// What operators and reconcilers need beyond the request path (`idem keys`, the lease
 /// reconciler of `idem serve`).
+///
+/// # Errors
+///
+/// As for [`Store`].
 pub trait AdminStore: Store {
     /// Records matching `filter`, newest first, their times in the frame of the caller's `now`.
     fn list(
