@@ -113,6 +113,20 @@ impl Client {
     /// server never gave one. The wait before each retry is the jittered backoff, or what
     /// `Retry-After` asks for (at most the policy's `max_retry_after`) when the response has
     /// one.
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Build`] when the request cannot be built (an unparsable URL); nothing is sent.
+    /// - [`Error::Transport`] when the last attempt got no response (a failed, dropped or
+    ///   timed-out connection).
+    /// - [`Error::Status`] when the last attempt's response still asked for a retry (`429`,
+    ///   `5xx`, a key in use).
+    ///
+    /// The last two say why retrying stopped: the attempt limit or the retry budget.
+    ///
+    /// # Panics
+    ///
+    /// Never: the request's body is bytes, so each attempt's copy can always be made.
     pub async fn send(&self, intent: &Intent) -> Result<Answer, Error> {
         let request = self.build(intent)?;
         let mut delays = self.policy.delays(self.fork_rng());

@@ -68,6 +68,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
+
 mod budget;
 mod classify;
 mod client;

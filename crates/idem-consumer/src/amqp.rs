@@ -232,6 +232,11 @@ async fn declare_queue(
 /// Declares the exchanges, `group`'s queue for `topic` and its dead-letter queue, as a
 /// subscription would. Publishers call it so that events published before the first worker
 /// starts are queued rather than unroutable.
+///
+/// # Errors
+///
+/// [`BrokerError`] when the namespace, `group` or `topic` is not a valid name, or the broker
+/// cannot be reached or refuses a declaration.
 pub async fn declare(config: &AmqpConfig, group: &str, topic: &str) -> Result<(), BrokerError> {
     let (connection, channel) = connect(config).await?;
     declare_on(&channel, config, group, topic).await?;
@@ -261,6 +266,11 @@ impl std::fmt::Debug for AmqpPublisher {
 
 impl AmqpPublisher {
     /// Connects, turns publisher confirms on and declares the namespace's exchanges.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the namespace is not a valid name, or the broker cannot be reached
+    /// or refuses confirms or a declaration.
     pub async fn connect(config: AmqpConfig) -> Result<Self, BrokerError> {
         let (connection, channel) = connect(&config).await?;
         Ok(Self {
@@ -349,9 +359,19 @@ impl AmqpSubscription {
     constructors_by_source! {
         AmqpConfig;
         /// Declares (if missing) and consumes `group`'s queue for `topic`.
+        ///
+        /// # Errors
+        ///
+        /// [`BrokerError`] when the namespace, `group` or `topic` is not a valid name, or the
+        /// broker cannot be reached or refuses a declaration or the consumer.
         connect: Events;
         /// Consumes the dead letters `group` left on `topic`. The messages carry their original id
         /// and topic. A dead letter dead-lettered again goes back to the end of the same queue.
+        ///
+        /// # Errors
+        ///
+        /// [`BrokerError`] when the namespace, `group` or `topic` is not a valid name, or the
+        /// broker cannot be reached or refuses a declaration or the consumer.
         dead_letters: DeadLetters;
     }
 
@@ -581,6 +601,11 @@ async fn dead_letter(
 
 /// Deletes `group`'s queue and dead-letter queue for `topic`, then the namespace's exchanges:
 /// for tests and sandboxes. Objects already gone are not an error.
+///
+/// # Errors
+///
+/// [`BrokerError`] when the namespace is not a valid name, or the broker cannot be reached or
+/// refuses a deletion.
 pub async fn delete(config: &AmqpConfig, group: &str, topic: &str) -> Result<(), BrokerError> {
     let (connection, channel) = connect(config).await?;
     for queue in [

@@ -37,6 +37,10 @@ pub enum BrokerKind {
 impl BrokerKind {
     /// Reads the broker from the URL's scheme. Only the brokers compiled in (features `nats`,
     /// `amqp`, `kafka`) are accepted.
+    ///
+    /// # Errors
+    ///
+    /// [`UnsupportedBroker`] when the scheme names no broker compiled into this build.
     pub fn from_url(url: &str) -> Result<Self, UnsupportedBroker> {
         let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
         let kind = match scheme.to_ascii_lowercase().as_str() {
@@ -136,6 +140,10 @@ impl BrokerSettings {
     }
 
     /// Which broker the URL names.
+    ///
+    /// # Errors
+    ///
+    /// [`UnsupportedBroker`] as for [`BrokerKind::from_url`].
     pub fn kind(&self) -> Result<BrokerKind, UnsupportedBroker> {
         BrokerKind::from_url(&self.url)
     }
@@ -212,6 +220,12 @@ impl AnyPublisher {
     /// Connects and declares what publishing needs. On RabbitMQ this also declares the
     /// settings' consumer group queue, so events published before the first worker starts
     /// are kept rather than dropped as unroutable.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the URL names no broker compiled in, or the broker cannot be
+    /// reached or refuses a declaration. A name the broker cannot take (namespace, group,
+    /// topic) is one too.
     pub async fn connect(settings: &BrokerSettings) -> Result<Self, BrokerError> {
         Ok(match settings.checked_kind()? {
             #[cfg(feature = "nats")]
@@ -253,12 +267,22 @@ pub enum AnySubscription {
 
 impl AnySubscription {
     /// Joins the settings' consumer group on their topic, declaring what is missing.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the URL names no broker compiled in, or the broker cannot be
+    /// reached or refuses a declaration or the subscription.
     pub async fn connect(settings: &BrokerSettings) -> Result<Self, BrokerError> {
         Self::open(settings, Source::Events).await
     }
 
     /// Reads the messages the settings' consumer group dead-lettered on their topic. Each
     /// delivery's `dead_reason()` says why; acknowledging one removes it for good.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the URL names no broker compiled in, or the broker cannot be
+    /// reached or refuses the subscription.
     pub async fn dead_letters(settings: &BrokerSettings) -> Result<Self, BrokerError> {
         Self::open(settings, Source::DeadLetters).await
     }
@@ -349,6 +373,11 @@ impl Delivery for AnyDelivery {
 /// JetStream: the namespace's stream (every topic and group in it). RabbitMQ: the group's
 /// queue and dead-letter queue, then the namespace's exchanges. Kafka: the topic, its
 /// dead-letter topic and the group's committed offsets.
+///
+/// # Errors
+///
+/// [`BrokerError`] when the URL names no broker compiled in, or the broker cannot be reached
+/// or refuses a deletion.
 pub async fn delete_broker_objects(settings: &BrokerSettings) -> Result<(), BrokerError> {
     match settings.checked_kind()? {
         #[cfg(feature = "nats")]

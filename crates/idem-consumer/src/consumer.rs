@@ -89,6 +89,10 @@ impl<H: Handler> Consumer<H> {
     /// the broker. A delivery whose outcome the broker did not take (an ack that timed out while
     /// a JetStream stream elected a new leader, say) is logged and left: the broker delivers it
     /// again, and the inbox turns that delivery into "already done".
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the subscription fails to give the next delivery.
     pub async fn run<S: Subscription>(
         &self,
         subscription: &mut S,
@@ -102,6 +106,10 @@ impl<H: Handler> Consumer<H> {
 
     /// [`run`](Self::run), adding what it does to `stats` as it goes, so that a caller that
     /// subscribes again after a failure keeps the counts of every run.
+    ///
+    /// # Errors
+    ///
+    /// As for [`run`](Self::run).
     pub async fn run_counting<S: Subscription>(
         &self,
         subscription: &mut S,
@@ -124,6 +132,11 @@ impl<H: Handler> Consumer<H> {
     }
 
     /// Handles one delivery and tells the broker how it went.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the broker does not take the outcome (the ack, the retry or the
+    /// dead-lettering); it will deliver the message again.
     pub async fn settle<D: Delivery>(
         &self,
         delivery: D,

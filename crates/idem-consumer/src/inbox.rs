@@ -68,6 +68,11 @@ impl Inbox {
     ///
     /// Two transactions recording the same event at once cannot both get `true`: the second
     /// waits on the first's row and finds it there once the first commits.
+    ///
+    /// # Errors
+    ///
+    /// The database's error when the insert fails; the caller's transaction should then roll
+    /// back.
     pub async fn record<DB: Database>(
         &self,
         conn: &mut DB::Connection,
@@ -83,6 +88,12 @@ impl Inbox {
     /// `side_effect` receives the transaction's connection; write the effect's rows through it.
     /// An effect outside the database (an email, an HTTP call) cannot join the transaction:
     /// give it the event id as its own idempotency key.
+    ///
+    /// # Errors
+    ///
+    /// Nothing is committed when it fails: [`ProcessError::Database`] when the begin, the
+    /// inbox insert or the commit fails, and [`ProcessError::Handler`] with `side_effect`'s
+    /// error when it fails.
     pub async fn process<DB, T, E, F>(
         &self,
         pool: &Pool<DB>,
@@ -129,6 +140,10 @@ impl Inbox {
     ///
     /// Keep rows longer than the longest a broker may redeliver (a JetStream stream's max age,
     /// a Kafka topic's retention): an event redelivered after its row expired runs again.
+    ///
+    /// # Errors
+    ///
+    /// The database's error; the batches deleted before it stay deleted.
     pub async fn expire<DB: Database>(
         pool: &Pool<DB>,
         retention: Duration,

@@ -229,6 +229,11 @@ impl std::fmt::Debug for KafkaPublisher {
 
 impl KafkaPublisher {
     /// Creates the producer (it connects lazily, on the first publish).
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the namespace is not a valid name or librdkafka refuses the
+    /// producer's configuration.
     pub async fn connect(config: KafkaConfig) -> Result<Self, BrokerError> {
         check_plain_name(BROKER, "namespace", &config.namespace)?;
         Ok(Self {
@@ -314,10 +319,20 @@ impl KafkaSubscription {
         KafkaConfig;
         /// Joins `group` on `topic` (creating the topic and its dead-letter topic if missing),
         /// starting from the group's committed offsets, or from the beginning for a new group.
+        ///
+        /// # Errors
+        ///
+        /// [`BrokerError`] when the namespace, `group` or `topic` is not a valid name, or the
+        /// brokers refuse the topics or the consumer.
         connect: Events;
         /// Reads the dead letters `group` left on `topic`, as the group `{namespace}.{group}.dead`.
         /// The messages carry their original id and topic; a dead letter dead-lettered again is
         /// appended to the same dead-letter topic.
+        ///
+        /// # Errors
+        ///
+        /// [`BrokerError`] when the namespace, `group` or `topic` is not a valid name, or the
+        /// brokers refuse the topics or the consumer.
         dead_letters: DeadLetters;
     }
 
@@ -567,6 +582,10 @@ impl Delivery for KafkaDelivery {
 
 /// Deletes `topic`, its dead-letter topic and the committed offsets of `group` (and of its
 /// dead-letter reader): for tests and sandboxes. Objects already gone are not an error.
+///
+/// # Errors
+///
+/// [`BrokerError`] when the admin client cannot be made or the brokers refuse a deletion.
 pub async fn delete(config: &KafkaConfig, group: &str, topic: &str) -> Result<(), BrokerError> {
     let admin = config.admin()?;
     let options = AdminOptions::new().operation_timeout(Some(CALL_TIMEOUT));

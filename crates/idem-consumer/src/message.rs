@@ -37,6 +37,11 @@ impl EventId {
 
     /// Checks `id`: 1 to 255 bytes of visible ASCII, which every broker carries unchanged
     /// (AMQP short strings, NATS headers, Kafka keys).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidEventId::Empty`], [`InvalidEventId::TooLong`] past [`MAX_LEN`](Self::MAX_LEN)
+    /// bytes, or [`InvalidEventId::Invisible`] at the first byte outside visible ASCII.
     pub fn new(id: impl Into<String>) -> Result<Self, InvalidEventId> {
         let id = id.into();
         if id.is_empty() {

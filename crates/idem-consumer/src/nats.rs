@@ -189,6 +189,11 @@ pub struct NatsPublisher {
 
 impl NatsPublisher {
     /// Connects, creating the namespace's stream if it is missing.
+    ///
+    /// # Errors
+    ///
+    /// [`BrokerError`] when the namespace is not a valid name, or the server cannot be reached
+    /// or refuses the stream.
     pub async fn connect(config: NatsConfig) -> Result<Self, BrokerError> {
         let (js, _) = open(&config).await?;
         Ok(Self { js, config })
@@ -255,10 +260,20 @@ impl NatsSubscription {
         NatsConfig;
         /// Joins the durable consumer `group` on `topic`, creating the stream and the consumer if
         /// they are missing. Several subscriptions of one group share the messages.
+        ///
+        /// # Errors
+        ///
+        /// [`BrokerError`] when the namespace, `group` or `topic` is not a valid name, or the
+        /// server cannot be reached or refuses the stream or the consumer.
         connect: Events;
         /// Reads the dead letters `group` left on `topic` (through a durable consumer of its own,
         /// `{group}_dead`). The messages carry their original id and topic; a dead letter that
         /// cannot be handled here either is dead-lettered to `{namespace}.dead.dead.{topic}`.
+        ///
+        /// # Errors
+        ///
+        /// [`BrokerError`] when the namespace, `group` or `topic` is not a valid name, or the
+        /// server cannot be reached or refuses the stream or the consumer.
         dead_letters: DeadLetters;
     }
 
@@ -512,6 +527,11 @@ async fn dead_letter(
 
 /// Deletes the namespace's stream, with every message, dead letter and consumer in it. A
 /// stream that does not exist is not an error.
+///
+/// # Errors
+///
+/// [`BrokerError`] when the namespace is not a valid name, or the server cannot be reached or
+/// refuses the deletion.
 pub async fn delete_namespace(config: &NatsConfig) -> Result<(), BrokerError> {
     let js = connect(config).await?;
     let name = config.stream_name();

@@ -18,6 +18,11 @@ use crate::{BrokerError, Message, Published, Publisher};
 
 /// Writes `message` to the outbox in the caller's transaction (the one making the business
 /// change it announces). It is published after that transaction commits, by a [`Relay`].
+///
+/// # Errors
+///
+/// The database's error when the row cannot be inserted (the caller's transaction should then
+/// roll back).
 pub async fn enqueue<DB: Database>(
     conn: &mut DB::Connection,
     message: &Message,
@@ -112,6 +117,11 @@ impl<DB: Database, P: Publisher> Relay<DB, P> {
 
     /// One pass: publishes up to a batch of pending rows, oldest first, each awaited until the
     /// broker has it, then marks them sent.
+    ///
+    /// # Errors
+    ///
+    /// [`RelayError::Database`] when the outbox's database fails, and [`RelayError::Broker`]
+    /// when the broker does not take an event. Rows not marked sent stay pending.
     pub async fn relay_once(&self) -> Result<RelayPass, RelayError> {
         if DB::LOCKS_PENDING {
             // The rows stay locked while they are published, so no other relay takes them; a
@@ -211,6 +221,10 @@ impl<DB: Database, P: Publisher> Relay<DB, P> {
 
     /// Deletes at most `batch` rows per statement that were sent more than `retention` ago;
     /// the number deleted.
+    ///
+    /// # Errors
+    ///
+    /// The database's error; the batches deleted before it stay deleted.
     pub async fn expire_sent(&self, retention: Duration, batch: i64) -> Result<u64, sqlx::Error> {
         let before = self
             .clock
@@ -228,6 +242,10 @@ impl<DB: Database, P: Publisher> Relay<DB, P> {
     }
 
     /// The number of events not yet relayed.
+    ///
+    /// # Errors
+    ///
+    /// The database's error.
     pub async fn backlog(&self) -> Result<i64, sqlx::Error> {
         DB::count_pending(&self.pool).await
     }

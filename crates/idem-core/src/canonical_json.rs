@@ -49,6 +49,11 @@ pub enum JsonError {
 
 /// Returns the canonical form of a JSON text.
 ///
+/// # Errors
+///
+/// [`JsonError::Syntax`] when `input` is not valid JSON, [`JsonError::DuplicateMember`] when an
+/// object names a member twice, and [`JsonError::TooDeep`] when nesting passes [`MAX_DEPTH`].
+///
 /// ```
 /// use idem_core::canonical_json;
 /// let a = canonical_json(br#"{ "b": 2, "a": [1.0, "\u0041"] }"#)?;

@@ -33,6 +33,11 @@ impl Fingerprint {
     /// Computes the fingerprint. JSON bodies (`application/json` or any `+json` type) are
     /// canonicalised first; other bodies count byte for byte.
     ///
+    /// # Errors
+    ///
+    /// The errors of [`canonical_json`](crate::canonical_json) when a non-empty JSON body
+    /// cannot be canonicalised (invalid JSON, a duplicate member, too deep).
+    ///
     /// ```
     /// use idem_core::{Fingerprint, RequestParts};
     /// let parts = |body: &'static str| RequestParts {
@@ -58,6 +63,12 @@ impl Fingerprint {
     /// same request. Each pointer names the body as sent; a pointer to a member the body lacks
     /// changes nothing. Other bodies count byte for byte, as in [`compute`](Self::compute).
     ///
+    /// # Errors
+    ///
+    /// As for [`compute`](Self::compute) when a non-empty JSON body cannot be canonicalised,
+    /// and [`JsonError::BadPointer`] when a pointer is not one (see
+    /// [`check_pointer`](Self::check_pointer)); pointers are read only for such a body.
+    ///
     /// ```
     /// use idem_core::{Fingerprint, RequestParts};
     /// let parts = |body: &'static str| RequestParts {
@@ -79,6 +90,12 @@ impl Fingerprint {
     /// Computes the fingerprint of a JSON body from only the members at `pointers` (and the
     /// objects and arrays that lead to them): a retry that differs anywhere else is the same
     /// request. Other bodies count byte for byte, as in [`compute`](Self::compute).
+    ///
+    /// # Errors
+    ///
+    /// As for [`compute`](Self::compute) when a non-empty JSON body cannot be canonicalised,
+    /// and [`JsonError::BadPointer`] when a pointer is not one (see
+    /// [`check_pointer`](Self::check_pointer)); pointers are read only for such a body.
     pub fn compute_only<P: AsRef<str>>(
         parts: &RequestParts<'_>,
         pointers: &[P],
@@ -89,6 +106,11 @@ impl Fingerprint {
     /// Checks that `pointer` can select members for [`compute_ignoring`] and
     /// [`compute_only`]: an RFC 6901 JSON pointer (`/a/b`, `~1` for `/`, `~0` for `~`) to
     /// something inside the document, not the empty pointer to all of it.
+    ///
+    /// # Errors
+    ///
+    /// [`JsonError::BadPointer`] when `pointer` does not start with `/` or has a `~` not
+    /// followed by `0` or `1`.
     ///
     /// [`compute_ignoring`]: Self::compute_ignoring
     /// [`compute_only`]: Self::compute_only

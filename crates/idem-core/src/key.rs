@@ -81,6 +81,11 @@ pub struct IdempotencyKey(String);
 impl IdempotencyKey {
     /// Parses the values of every `Idempotency-Key` field of a request, in order.
     ///
+    /// # Errors
+    ///
+    /// [`KeyError::Missing`] when there is no value, [`KeyError::SeveralFields`] when there is
+    /// more than one, and otherwise the errors of [`parse`](Self::parse).
+    ///
     /// ```
     /// use idem_core::{IdempotencyKey, KeyLimits};
     /// let bare = IdempotencyKey::from_header_values([&b"order-12345"[..]], KeyLimits::default())?;
@@ -102,6 +107,14 @@ impl IdempotencyKey {
     }
 
     /// Parses one header field value.
+    ///
+    /// # Errors
+    ///
+    /// - [`KeyError::List`] for a comma-separated list of keys.
+    /// - [`KeyError::Parameters`] for a key followed by parameters (`"key";a=1`).
+    /// - [`KeyError::Syntax`] when the value is neither an sf-string nor a bare key.
+    /// - [`KeyError::InvalidCharacter`], [`KeyError::TooShort`] and [`KeyError::TooLong`] as
+    ///   for [`new`](Self::new).
     pub fn parse(value: &[u8], limits: KeyLimits) -> Result<Self, KeyError> {
         let value = trim_ows(value);
         // An sf-string of a valid key is at most twice its length plus quotes; anything longer
@@ -122,6 +135,11 @@ impl IdempotencyKey {
 
     /// Validates an already-unquoted key (for keys that did not arrive in a header, such as a
     /// queue message's event id).
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError::InvalidCharacter`] when a character is outside visible ASCII,
+    /// [`KeyError::TooShort`] or [`KeyError::TooLong`] when the length is outside `limits`.
     pub fn new(key: impl Into<String>, limits: KeyLimits) -> Result<Self, KeyError> {
         Self::check(key.into(), limits)
     }

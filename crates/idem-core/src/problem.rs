@@ -190,6 +190,10 @@ impl Problem {
     }
 
     /// The JSON body (`application/problem+json`).
+    ///
+    /// # Panics
+    ///
+    /// Never: a problem's members are strings and a number, which always serialise.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a Problem always serialises")
     }
@@ -198,6 +202,10 @@ impl Problem {
     /// `error` member after it (`{"type": "idempotency_error", "message": detail}`), which is
     /// what Stripe's SDKs look for before they raise; without it they hand the body to the
     /// application as if it were the resource.
+    ///
+    /// # Panics
+    ///
+    /// Never, as for [`to_json`](Self::to_json).
     pub fn to_json_in(&self, dialect: ErrorDialect) -> Vec<u8> {
         match dialect {
             ErrorDialect::Problem => self.to_json(),

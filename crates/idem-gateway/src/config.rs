@@ -232,6 +232,11 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Parses and validates `text`: unknown keys, bad values, and routes that can never match
     /// are errors with their line.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`], with the line at fault, when `text` is not valid TOML, a key is
+    /// unknown, a value is invalid, or a route can never match.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let raw: RawFile = toml::from_str(text).map_err(|e| ConfigError {
             line: e.span().map_or(1, |span| line_of(text, span.start)),
@@ -284,6 +289,11 @@ impl ConfigFile {
     }
 
     /// Reads and parses the file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] with line 0 when the file cannot be read, and otherwise the errors of
+    /// [`parse`](Self::parse).
     pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             line: 0,

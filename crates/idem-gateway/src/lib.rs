@@ -38,6 +38,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,8 +168,11 @@ pub struct GatewayConfig {
 }
 
 impl GatewayConfig {
-    /// The defaults for `upstream`. Fails only when the platform's root certificates cannot
-    /// be loaded.
+    /// The defaults for `upstream`.
+    ///
+    /// # Errors
+    ///
+    /// [`TlsError::Rustls`] when the platform's root certificates cannot be loaded.
     pub fn new(upstream: Uri, secret: Secret) -> Result<Self, TlsError> {
         Ok(Self {
             upstream,
@@ -616,6 +621,12 @@ async fn require_credential(
 
 /// Serves the gateway on `listener` until `shutdown` completes, closing connections whose
 /// request head does not arrive within `config.head_timeout`.
+///
+/// # Errors
+///
+/// None in practice: a failed accept (out of file descriptors, say) is logged and retried, and
+/// it returns `Ok(())` once `shutdown` completes and open connections have finished or been
+/// closed.
 pub async fn serve<St: Store>(
     listener: TcpListener,
     store: St,

@@ -46,6 +46,16 @@ pub enum RouteError {
 
 impl RoutePattern {
     /// Parses `"POST /v1/charges/{id}"` or `"POST /v1/*"`.
+    ///
+    /// # Errors
+    ///
+    /// [`RouteError::Shape`] when `text` is not two words, [`RouteError::Method`] when the
+    /// method is not one of HTTP's, and [`RouteError::Path`] when the path does not start with
+    /// `/` or has a `*` or `{` out of place.
+    ///
+    /// # Panics
+    ///
+    /// Never: the method is checked against a list of valid ones first.
     pub fn parse(text: &str) -> Result<Self, RouteError> {
         let mut words = text.split_whitespace();
         let (Some(method), Some(path), None) = (words.next(), words.next(), words.next()) else {

@@ -72,6 +72,14 @@ pub enum SecretOrigin {
 
 impl Secret {
     /// Wraps a secret given on the command line or in the environment.
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError::TooShort`] when `bytes` has fewer than 16 bytes.
+    ///
+    /// # Panics
+    ///
+    /// Never: HMAC takes a key of any length.
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self, SecretError> {
         let bytes = bytes.into();
         if bytes.len() < 16 {
@@ -90,6 +98,12 @@ impl Secret {
     /// the records made under it keep their scopes. When the store holds another, the store's
     /// wins (every instance must agree), and [`SecretOrigin::StoreOverFile`] says so. Nothing
     /// is written to the file.
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError::File`] when `legacy_file` exists but cannot be read,
+    /// [`SecretError::Store`] when the store cannot keep or give the secret, and
+    /// [`SecretError::TooShort`] when the secret found is shorter than 16 bytes.
     pub async fn shared<St: SharedSecret>(
         store: &St,
         legacy_file: &Path,
@@ -134,6 +148,10 @@ impl Secret {
     /// Whether `store` holds a shared secret other than `given` (a secret given explicitly):
     /// gateways on that store started without one use the store's, and so derive other scopes
     /// than a gateway with `given`.
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError::Store`] when the store cannot be read.
     pub async fn differs_from_store<St: SharedSecret>(
         store: &St,
         given: &[u8],

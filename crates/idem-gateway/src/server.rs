@@ -30,6 +30,12 @@ const DRAIN: Duration = Duration::from_secs(10);
 
 /// Serves `router` on `listener` until `shutdown` completes, closing connections whose request
 /// head does not arrive within `head_timeout`.
+///
+/// # Errors
+///
+/// None in practice: a failed accept (out of file descriptors, say) is logged and retried, and
+/// it returns `Ok(())` once `shutdown` completes and open connections have finished or been
+/// closed.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -41,6 +47,10 @@ pub async fn serve(
 
 /// [`serve`] over TLS: HTTP/2 to clients that ask for it over ALPN, HTTP/1.1 to the rest. The
 /// handshake has the head's deadline too, so a client that stalls in it is dropped.
+///
+/// # Errors
+///
+/// As for [`serve`]: none in practice.
 pub async fn serve_tls(
     listener: TcpListener,
     router: Router,

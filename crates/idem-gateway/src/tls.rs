@@ -62,6 +62,10 @@ fn certificates(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'s
 
 /// Every certificate in each of `ca_files` (PEM), for a client that checks the platform's
 /// roots itself (reqwest) and only needs the private CAs added.
+///
+/// # Errors
+///
+/// [`TlsError::Pem`] when a file cannot be read or holds no certificate.
 pub fn ca_certificates(ca_files: &[PathBuf]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let mut certs = Vec::new();
     for path in ca_files {
@@ -87,6 +91,12 @@ impl std::fmt::Debug for ServerTls {
 impl ServerTls {
     /// Reads the certificate chain (leaf first) and its private key (PKCS#8, PKCS#1 or SEC1)
     /// from PEM files.
+    ///
+    /// # Errors
+    ///
+    /// [`TlsError::Pem`] when a file cannot be read or holds no certificate or key, and
+    /// [`TlsError::Rustls`] when rustls refuses them (a key that does not match the leaf, an
+    /// unsupported algorithm).
     pub fn from_pem_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
         let chain = certificates("certificate", cert)?;
         let key =
@@ -123,6 +133,12 @@ impl std::fmt::Debug for ClientTls {
 
 impl ClientTls {
     /// The platform's roots and every certificate in each of `ca_files` (PEM).
+    ///
+    /// # Errors
+    ///
+    /// [`TlsError::Pem`] when a file cannot be read or holds no certificate, and
+    /// [`TlsError::Rustls`] when the platform's roots cannot be loaded or rustls refuses a
+    /// certificate.
     pub fn new(ca_files: &[PathBuf]) -> Result<Self, TlsError> {
         let extra = ca_certificates(ca_files)?;
         let verifier = rustls_platform_verifier::Verifier::new_with_extra_roots(extra, provider())
@@ -139,6 +155,10 @@ impl ClientTls {
     }
 
     /// The platform's roots only.
+    ///
+    /// # Errors
+    ///
+    /// [`TlsError::Rustls`] when the platform's roots cannot be loaded.
     pub fn platform() -> Result<Self, TlsError> {
         Self::new(&[])
     }

@@ -108,7 +108,11 @@ impl fmt::Display for InFlight {
 /// runtime does, wakes this gateway's waiters whenever any gateway published. Where the store
 /// cannot hear what others publish ([`OutcomeChannel::outcome_poll`]: PostgreSQL behind a
 /// pooler, without a notify URL), every waiter looks at the store again that often instead.
-/// Fails only when the listener cannot start (the store is unreachable).
+///
+/// # Errors
+///
+/// The store's error (such as [`idem_store::Error::Unavailable`]) when the listener cannot
+/// start.
 pub async fn outcome_signal<St: OutcomeChannel>(
     store: &St,
 ) -> Result<OutcomeSignal, idem_store::Error> {

@@ -10,7 +10,7 @@
 //! cannot be moved by a test, so a test that needs a lease or a retention to run out gives it a
 //! fraction of a second and waits for the store to say it has (polling, to a deadline), then
 //! checks that no less time passed. Tests in which time stands still pass a caller's clock years
-//! away from the store's, [`T0`], which a shared store must take in its stride.
+//! away from the store's, `T0` (in 2027), which a shared store must take in its stride.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +44,10 @@ fn now() -> Timestamp {
 }
 
 /// The scope of `key` in `account` (a test key: it must be valid).
+///
+/// # Panics
+///
+/// When `key` is not a valid idempotency key (8 to 255 characters of visible ASCII).
 pub fn scope(account: &str, key: &str) -> Scope {
     Scope::new(
         AccountId::new(account),
@@ -52,6 +56,10 @@ pub fn scope(account: &str, key: &str) -> Scope {
 }
 
 /// The fingerprint of a `POST /payments` with the JSON `body`.
+///
+/// # Panics
+///
+/// When `body` is not valid JSON.
 pub fn fingerprint(body: &str) -> Fingerprint {
     Fingerprint::compute(&RequestParts {
         account: "acct_a",
@@ -198,6 +206,10 @@ fn about(t: Timestamp, expected: Timestamp, what: &str) {
 }
 
 /// Checks that `result` is [`Error::Unavailable`], what the layer answers with `503`.
+///
+/// # Panics
+///
+/// When `result` is not an [`Error::Unavailable`].
 #[track_caller]
 pub fn assert_unavailable<T: std::fmt::Debug>(result: Result<T>) {
     match result {
@@ -213,6 +225,11 @@ pub fn assert_unavailable<T: std::fmt::Debug>(result: Result<T>) {
 /// relay is cleared again at the end.
 ///
 /// The operations run at once, each timed from its own start.
+///
+/// # Panics
+///
+/// When an operation does not fail with [`Error::Unavailable`] within its deadline, or
+/// `store` fails while the record is set up.
 pub async fn a_black_hole_is_unavailable_within<S: Store>(
     store: &S,
     relay: &crate::fault_relay::FaultRelay,
@@ -307,6 +324,10 @@ pub fn begin_claim_of<S: TransactionalStore>(store: &S) -> BoxedUnit<'_> {
 /// The sweeper's boundary, exact to the millisecond: a completed record expiring at E is kept
 /// by a sweep at E - 1 ms and deleted by one at E. Called by the tests of backends that store
 /// times in another form than the claim's milliseconds, on a store that holds nothing else.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn sweep_boundary_is_exact<S: Store>(store: &S) {
     let key = scope("acct_a", "boundary-key1");
     let mut boundary = claim_at(&key, fingerprint("{}"), 1, Timestamp(1_800_000_000_123));
@@ -320,6 +341,10 @@ pub async fn sweep_boundary_is_exact<S: Store>(store: &S) {
 }
 
 /// 64 tasks claim one key at once: exactly one wins, every other sees its record.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn claim_race_has_one_winner<S: Store>(store: S) {
     let key = scope("acct_a", "race-key-0001");
     let fp = fingerprint(r#"{"amount":1}"#);
@@ -349,6 +374,10 @@ pub async fn claim_race_has_one_winner<S: Store>(store: S) {
 }
 
 /// A completed record replays with its exact status, headers and body.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn completed_record_replays<S: Store>(store: S) {
     let key = scope("acct_a", "replay-key-01");
     let fp = fingerprint(r#"{"amount":1}"#);
@@ -366,6 +395,10 @@ pub async fn completed_record_replays<S: Store>(store: S) {
 
 /// A different request with the same key is a mismatch and leaves the record untouched; the
 /// same key from another account is unrelated.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn mismatch_leaves_record_untouched<S: Store>(store: S) {
     let key = scope("acct_a", "mismatch-key1");
     let fp = fingerprint(r#"{"amount":1}"#);
@@ -382,6 +415,10 @@ pub async fn mismatch_leaves_record_untouched<S: Store>(store: S) {
 }
 
 /// Only the holder of the current fencing token may store an outcome, renew or release.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn fencing_token_guards_the_outcome<S: Store>(store: S) {
     let key = scope("acct_a", "fenced-key-01");
     let fp = fingerprint("{}");
@@ -417,6 +454,10 @@ pub async fn fencing_token_guards_the_outcome<S: Store>(store: S) {
 /// A claim whose lease runs out can be taken over by the same request (with a new token), never
 /// by a different one, and not before its lease has run; the old holder is then fenced out.
 /// Renewal keeps a lease alive.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn lease_expiry_and_renewal<S: Store>(store: S) {
     let fp = fingerprint("{}");
     let other = fingerprint(r#"{"x":1}"#);
@@ -508,6 +549,10 @@ pub async fn lease_expiry_and_renewal<S: Store>(store: S) {
 
 /// A completed record past its retention is new again, and not before; a released key is new
 /// at once.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn retention_and_release<S: Store>(store: S) {
     let fp = fingerprint("{}");
     let kept = scope("acct_a", "retained-key1");
@@ -572,6 +617,10 @@ pub async fn retention_and_release<S: Store>(store: S) {
 /// retry learns the outcome is unknown) and a mismatch for any other; the sweeper leaves it.
 /// Once resolved (completed late, as a reconciler does with the stale token), its retention
 /// counts from the resolution.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn an_unknown_outcome_never_expires<S: Store>(store: S) {
     let fp = fingerprint(r#"{"amount":7}"#);
     let other = fingerprint(r#"{"amount":8}"#);
@@ -690,6 +739,10 @@ async fn expired_records<S: Store>(
 /// The sweeper deletes expired records in bounded batches, keeps live ones and records in
 /// progress (a long call under a live lease, and an unknown outcome whose lease and retention
 /// ran out), and is safe to run from several places at once.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn sweep_deletes_expired_in_batches<S: Store>(store: S) {
     let fp = fingerprint("{}");
     let fresh = scope("acct_a", "fresh-key-001");
@@ -724,6 +777,10 @@ pub async fn sweep_deletes_expired_in_batches<S: Store>(store: S) {
 /// A sweep racing claims that take expired keys afresh deletes none of the new records: a
 /// row the sweeper chose while it was expired is checked again once it is locked. 200 expired
 /// records are claimed again by one task each while two sweepers delete in small batches.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn sweep_spares_keys_claimed_again<S: Store>(store: S) {
     let (old, new) = (fingerprint("{}"), fingerprint(r#"{"again":true}"#));
     let keys = expired_records(&store, "again-key", 200, old).await;
@@ -764,6 +821,10 @@ pub async fn sweep_spares_keys_claimed_again<S: Store>(store: S) {
 /// whose caller's clock is minutes ahead or behind can neither take a live lease over nor find
 /// a completed record expired, a sweep by such a clock deletes nothing live, and the times it
 /// sees are right in its own frame (docs/contract.md §12).
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn a_caller_clock_minutes_off_changes_nothing<S: Store>(store: S) {
     let fp = fingerprint(r#"{"amount":3}"#);
     let other = fingerprint(r#"{"amount":4}"#);
@@ -846,6 +907,10 @@ pub async fn a_caller_clock_minutes_off_changes_nothing<S: Store>(store: S) {
 /// Times are kept to the millisecond: the distances a claim gives (a lease of 1 ms, a
 /// retention of 333 ms) come back exact in any caller's frame, however far it is from the
 /// store's, and a completed record is swept once its retention has run, not before.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn times_are_kept_to_the_millisecond<S: Store>(store: S) {
     let fp = fingerprint("{}");
     for (i, frame) in [T0, Timestamp(0), Timestamp(-62_135_596_800_001), now()]
@@ -885,6 +950,10 @@ pub async fn times_are_kept_to_the_millisecond<S: Store>(store: S) {
 
 /// Transaction mode: the key row commits with the response; a rollback takes the key with it;
 /// 64 concurrent transactions on one key have one winner and the rest see its outcome.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn transaction_mode_commits_or_rolls_back<S: TransactionalStore>(store: S) {
     let wait = Duration::from_secs(10);
     let key = scope("acct_a", "tx-key-000001");
@@ -942,6 +1011,10 @@ pub async fn transaction_mode_commits_or_rolls_back<S: TransactionalStore>(store
 }
 
 /// A duplicate waiting on an open transaction gives up after its wait with `Busy`.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn transaction_wait_is_bounded<S: TransactionalStore>(store: S) {
     let key = scope("acct_a", "tx-busy-00001");
     let fp = fingerprint("{}");
@@ -994,6 +1067,10 @@ async fn found_in_tx<S: TransactionalStore>(store: &S, claim: &NewClaim) -> idem
 /// In a transaction as in lease mode, a committed record answers a claim (a replay, a
 /// mismatch) until its retention ends, and not after; then the next claim replaces it, in a
 /// transaction that commits the new request's record, or rolls back and leaves the old one.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn transaction_mode_replaces_an_expired_record<S: TransactionalStore>(store: S) {
     let (fp, other) = (fingerprint("{}"), fingerprint(r#"{"b":2}"#));
     let kept = scope("acct_a", "tx-kept-00001");
@@ -1047,6 +1124,10 @@ pub async fn transaction_mode_replaces_an_expired_record<S: TransactionalStore>(
 
 /// A lease-mode claim of the same request whose lease ran out (its worker crashed) is taken
 /// over by a transaction's claim, unless take-over is off; a different request's is not.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn transaction_mode_takes_over_only_a_stale_lease_of_the_same_request<
     S: TransactionalStore,
 >(
@@ -1104,6 +1185,10 @@ pub async fn transaction_mode_takes_over_only_a_stale_lease_of_the_same_request<
 
 /// Operators list records by account, state and expired lease, purge one, and complete an
 /// in-progress one whatever its token.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn admin_lists_purges_and_force_completes<S: AdminStore>(store: S) {
     let records = AdminRecords::store(&store).await;
     lists_by_account_state_lease_and_limit(&store, &records).await;
@@ -1235,6 +1320,10 @@ async fn force_completes_only_in_progress_records<S: AdminStore>(
 
 /// A shared store lists leases by its own clock: a listing by a caller's clock minutes ahead,
 /// for leases run out by that caller's now, leaves out a lease still running.
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
 pub async fn a_listing_by_a_clock_ahead_sees_live_leases_running<S: AdminStore>(store: S) {
     let key = scope("acct_a", "skewed-list-01");
     claims(&store, &key, fingerprint("{}"), 1, now()).await;

@@ -139,6 +139,10 @@ pub struct FaultRelay {
 impl FaultRelay {
     /// Listens on `127.0.0.1:0` and relays every connection to `target`, with no fault set.
     /// `seed` drives every random choice (each connection's from the seed and its number).
+    ///
+    /// # Errors
+    ///
+    /// The I/O error when the listener cannot be bound.
     pub async fn start(target: SocketAddr, seed: u64) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -167,6 +171,11 @@ impl FaultRelay {
 
     /// [`FaultRelay::start`] in front of `host:port`, resolved first (a test server's URL may
     /// name `localhost`).
+    ///
+    /// # Errors
+    ///
+    /// The I/O error when `host` cannot be resolved or resolves to no address, and otherwise
+    /// the errors of [`start`](Self::start).
     pub async fn start_to(host: &str, port: u16, seed: u64) -> std::io::Result<Self> {
         let target = tokio::net::lookup_host((host, port))
             .await?

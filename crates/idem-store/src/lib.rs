@@ -58,6 +58,8 @@
 // On docs.rs (nightly), mark each feature-gated item with the feature that enables it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
+
 use std::future::Future;
 use std::time::Duration;
 
@@ -162,6 +164,14 @@ pub enum ClaimOutcome {
 ///
 /// Times are judged by the store's clock; each `now` a method takes is the caller's, the frame
 /// of the times it passes and gets back (see [One clock](crate#one-clock-the-stores)).
+///
+/// # Errors
+///
+/// Every method may fail with [`Error::Unavailable`] when the store cannot be reached, no
+/// connection is free in time, or a statement passes its deadline; and with the backend's
+/// own variant ([`Error::Database`], `Postgres`, `Redis`) when it refuses a statement. Those
+/// that read a record back give [`Error::Corrupt`] when it cannot be read as one, and
+/// [`claim`](Self::claim) gives [`Error::Raced`] when it kept losing to records that vanished.
 pub trait Store: Clone + std::fmt::Debug + Send + Sync + 'static {
     /// Reads the record `scope` names, if any, its times in the frame of the caller's `now`.
     /// Never blocks on a concurrent claim.
@@ -225,6 +235,11 @@ pub trait Store: Clone + std::fmt::Debug + Send + Sync + 'static {
 }
 
 /// A store whose key row can share a transaction with the handler's business writes.
+///
+/// # Errors
+///
+/// As for [`Store`]; [`commit_response`](Self::commit_response) also gives [`Error::Raced`]
+/// when the transaction's own key row vanished, and then nothing was committed.
 pub trait TransactionalStore: Store {
     /// The open transaction the handler writes through.
     type Tx: Send + std::fmt::Debug + 'static;
@@ -308,6 +323,10 @@ impl RecordFilter {
 
 /// What operators and reconcilers need beyond the request path (`idem keys`, the lease
 /// reconciler of `idem serve`).
+///
+/// # Errors
+///
+/// As for [`Store`].
 pub trait AdminStore: Store {
     /// Records matching `filter`, newest first, their times in the frame of the caller's `now`.
     fn list(
@@ -351,6 +370,10 @@ pub(crate) fn millis(d: Duration) -> i64 {
 }
 
 /// Runs the sweeper once: deletes expired records in batches until none is left.
+///
+/// # Errors
+///
+/// The first error of the store's [`sweep`](Store::sweep); the batches before it stay deleted.
 pub async fn sweep_all<S: Store>(store: &S, now: Timestamp, batch: u32) -> Result<u64> {
     sweep_all_paced(store, now, batch, 0).await
 }
@@ -360,6 +383,10 @@ pub async fn sweep_all<S: Store>(store: &S, now: Timestamp, batch: u32) -> Resul
 /// need that time: on SQLite they wait for the same one writer, and 1,000 rows deleted back
 /// to back there held it long enough to cost a server under load a third to a half of its
 /// throughput.
+///
+/// # Errors
+///
+/// As for [`sweep_all`].
 pub async fn sweep_all_paced<S: Store>(
     store: &S,
     now: Timestamp,

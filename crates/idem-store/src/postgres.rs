@@ -332,6 +332,18 @@ impl PgStore {
     /// (5 s each, unless the URL's `options` set them; behind a pooler, the server's own
     /// settings apply outside the store's transactions), and the store waits a second longer
     /// for an answer before it reports itself [`Unavailable`](Error::Unavailable).
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Url`] when `url` cannot be used.
+    /// - [`Error::Unavailable`] when no host (no host that takes writes, if read-write) can be
+    ///   reached in time.
+    /// - [`Error::Database`] when PostgreSQL refuses a statement.
+    /// - [`Error::PgMigrate`] when the migrations fail.
+    ///
+    /// # Panics
+    ///
+    /// Never: a URL that is not read-write names exactly one host.
     pub async fn connect(url: &str) -> Result<Self> {
         let url: PgUrl = url.parse().map_err(Error::Url)?;
         if !url.read_write {
@@ -356,6 +368,11 @@ impl PgStore {
     /// migrations. Several instances may start at once: the migrations run one at a time.
     /// Whether the pool's connections lead to a pooler is found out as [`connect`](Self::connect)
     /// does; the pool's options are left as they are.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when the database cannot be reached, [`Error::Database`] when it
+    /// refuses a statement, and [`Error::PgMigrate`] when the migrations fail.
     pub async fn from_pool(pool: PgPool) -> Result<Self> {
         let (_, sessions) = session::settle((*pool.connect_options()).clone()).await?;
         Self::on_pool(pool, None, sessions).await
@@ -383,6 +400,10 @@ impl PgStore {
     /// URL. Without one there, duplicates that wait for an outcome look at the store again
     /// every [`OUTCOME_POLL`](crate::OUTCOME_POLL) instead of being woken, and the store says
     /// so once in the log. Direct sessions listen through the store's own URL anyway.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Url`] when sqlx cannot read `url`. Nothing connects yet.
     pub fn with_notify_url(mut self, url: &str) -> Result<Self> {
         let options: PgConnectOptions = url
             .parse()

@@ -559,6 +559,12 @@ impl RedisStore {
     /// are found from them; `redis+cluster://USER:PASSWORD@…` applies to every node), keeping
     /// every key under `prefix` (see [Layout](Self#layout)). Choose prefixes so that none is
     /// another's prefix followed by `:`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when the server (or no node of the cluster) can be reached in
+    /// time, and [`Error::Redis`] when the URL cannot be read, a cluster URL names no node, a
+    /// cluster store's prefix contains `{` or `}`, or Redis refuses the connection.
     pub async fn connect(url: &str, prefix: impl Into<String>) -> Result<Self> {
         let prefix = prefix.into();
         if let Some(nodes) = url.strip_prefix(CLUSTER_SCHEME) {

@@ -69,6 +69,11 @@ impl PgTestDatabase {
     }
 
     /// Creates a fresh, empty database.
+    ///
+    /// # Panics
+    ///
+    /// When the test server ([`admin_url`]) cannot be reached or refuses to create the
+    /// database.
     pub async fn create() -> Self {
         // A UUID's simple form is lower-case hex, so the name needs no quoting. Copying
         // template0, which nobody connects to, works whichever database the admin URL names
@@ -91,6 +96,10 @@ impl PgTestDatabase {
     }
 
     /// A pool of at most `max` connections to the database.
+    ///
+    /// # Panics
+    ///
+    /// When the database cannot be reached.
     pub async fn pool(&self, max: u32) -> PgPool {
         PgPoolOptions::new()
             .max_connections(max)
@@ -100,6 +109,10 @@ impl PgTestDatabase {
     }
 
     /// A store on a pool of at most `max` connections.
+    ///
+    /// # Panics
+    ///
+    /// When the database cannot be reached or its migrations fail.
     pub async fn store(&self, max: u32) -> crate::PgStore {
         crate::PgStore::from_pool(self.pool(max).await)
             .await

@@ -290,11 +290,22 @@ impl Drop for TokioPgTx {
 impl TokioPgTx {
     /// Commits. For a transaction of the handler's own ([`TokioPgStore::begin`]); the layer
     /// commits the ones it opened.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when the connection is lost (the outcome is then unknown), and
+    /// [`Error::Postgres`] when PostgreSQL refuses the commit. The transaction is over either
+    /// way.
     pub async fn commit(mut self) -> Result<()> {
         self.end_with(COMMIT).await
     }
 
     /// Rolls back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when the connection is lost, and [`Error::Postgres`] when
+    /// PostgreSQL refuses the rollback. The transaction is over either way.
     pub async fn rollback(mut self) -> Result<()> {
         self.end_with(ROLLBACK).await
     }
@@ -314,6 +325,11 @@ impl TokioPgTx {
     /// outlive the transaction. One round trip either way (and futures polled together are
     /// pipelined), besides the first preparation on a connection; a statement that waits for
     /// its preparation is sent after the others polled with it.
+    ///
+    /// # Errors
+    ///
+    /// PostgreSQL's error when the statement cannot be prepared or fails, or the connection
+    /// is lost.
     pub async fn execute_sql(
         &self,
         sql: &str,
@@ -343,6 +359,11 @@ impl TokioPgTx {
     }
 
     /// [`execute_sql`](Self::execute_sql) for a statement that returns one row.
+    ///
+    /// # Errors
+    ///
+    /// As for [`execute_sql`](Self::execute_sql), and an error when the statement returns no
+    /// row or more than one.
     pub async fn query_one_sql(
         &self,
         sql: &str,
@@ -358,6 +379,11 @@ impl TokioPgTx {
     }
 
     /// [`execute_sql`](Self::execute_sql) for a statement that returns at most one row.
+    ///
+    /// # Errors
+    ///
+    /// As for [`execute_sql`](Self::execute_sql), and an error when the statement returns more
+    /// than one row.
     pub async fn query_opt_sql(
         &self,
         sql: &str,
@@ -511,6 +537,15 @@ impl TokioPgStore {
     /// With several hosts, a new connection goes to the first that takes writes; connections
     /// to a host that is lost close, and the pool replaces them, so after a failover the
     /// store is on the promoted standby without a restart.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`PgStore::connect`], and [`Error::Url`] when tokio-postgres cannot read
+    /// `url`.
+    ///
+    /// # Panics
+    ///
+    /// Never: the pool is built with a runtime, which is all its timeouts need.
     pub async fn connect(url: &str) -> Result<Self> {
         let sql = PgStore::connect(url).await?;
         let mut config =
@@ -566,6 +601,10 @@ impl TokioPgStore {
 
     /// The same store, listening for outcome wake-ups through `url`, a URL of the same database
     /// that reaches PostgreSQL directly ([`PgStore::with_notify_url`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Url`] when sqlx cannot read `url`.
     pub fn with_notify_url(mut self, url: &str) -> Result<Self> {
         self.sql = self.sql.with_notify_url(url)?;
         Ok(self)
@@ -616,6 +655,11 @@ impl TokioPgStore {
 
     /// A pooled connection, outside any transaction: for statements of the caller's own
     /// outside an idempotent request.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when no connection is free or can be made in time, and
+    /// [`Error::Postgres`] when PostgreSQL refuses a new connection's setup.
     pub async fn client(&self) -> Result<TokioPgClient> {
         Ok(TokioPgClient(self.watched(self.pool.get().await)?))
     }
@@ -628,6 +672,11 @@ impl TokioPgStore {
     }
 
     /// Opens a transaction of the caller's own (for a request without a key).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when no connection is free in time, the connection is lost or
+    /// `BEGIN` passes its deadline, and [`Error::Postgres`] when PostgreSQL refuses it.
     pub async fn begin(&self) -> Result<TokioPgTx> {
         let begun = bounded(STATEMENT_TIMEOUT + ANSWER_MARGIN, async {
             let mut tx = TokioPgTx::new(self.pool.get().await?, self.named());

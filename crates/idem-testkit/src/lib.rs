@@ -14,6 +14,8 @@
 //! [`assert_unfinished_heads_are_closed`] checks that an HTTP server closes a connection
 //! whose request head never completes (a slowloris), whichever server it is.
 
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
+
 pub mod nats_cluster;
 pub mod pgbouncer;
 mod processes;
@@ -69,6 +71,10 @@ impl Service {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Panics, naming the command that starts it, unless `service` accepts a TCP connection.
+///
+/// # Panics
+///
+/// When `service` does not accept a TCP connection at its [`addr`](Service::addr) within 2 s.
 pub fn require(service: Service) {
     if let Err(message) = check(service, service.addr()) {
         panic!("{message}");
@@ -94,8 +100,11 @@ const UNFINISHED_HEAD_BOUND: Duration = Duration::from_secs(10);
 
 /// Sends half a request head (a `POST` to `path` cut off inside a header name), and on another
 /// connection nothing at all, to the HTTP server at `addr` (`HOST:PORT`), and returns once the
-/// server has ended both connections, by EOF or reset. Panics if either is still open after
-/// 10 s.
+/// server has ended both connections, by EOF or reset.
+///
+/// # Panics
+///
+/// When a connection to `addr` cannot be made or written to, or is still open after 10 s.
 pub async fn assert_unfinished_heads_are_closed(addr: &str, path: &str) {
     let half_head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nIdempot");
     for partial in [half_head.as_bytes(), b""] {

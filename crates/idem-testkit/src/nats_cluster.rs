@@ -32,7 +32,11 @@ pub struct NatsCluster {
 
 impl NatsCluster {
     /// Starts `size` nodes and returns once JetStream has a meta leader that every node knows.
-    /// Panics, saying what failed, when `nats-server` is missing or the cluster does not form.
+    ///
+    /// # Panics
+    ///
+    /// Saying what failed, when `nats-server` is missing or the cluster does not form within
+    /// 30 s.
     pub fn start(size: usize) -> Self {
         let ports = free_ports(3 * size);
         // The first port is this cluster's alone while it runs.
@@ -74,7 +78,11 @@ impl NatsCluster {
         nodes.join(",")
     }
 
-    /// The name of the node that leads `stream`, once one does. Panics after half a minute.
+    /// The name of the node that leads `stream`, once one does.
+    ///
+    /// # Panics
+    ///
+    /// When no node leads `stream` within 30 s.
     pub fn stream_leader(&self, stream: &str) -> String {
         let mut leader = None;
         wait_until(&format!("a leader of the stream {stream}"), || {
@@ -95,6 +103,10 @@ impl NatsCluster {
     }
 
     /// Kills the node called `name` with SIGKILL, as a crash would, and returns at once.
+    ///
+    /// # Panics
+    ///
+    /// When no node of this cluster is called `name`.
     pub fn kill(&mut self, name: &str) {
         let node = self.node_mut(name);
         kill(&mut node.process);
@@ -102,6 +114,11 @@ impl NatsCluster {
 
     /// Starts the node called `name` again on its ports and store, and waits until it serves
     /// clients; it catches up with the stream's new leader by itself.
+    ///
+    /// # Panics
+    ///
+    /// When no node of this cluster is called `name`, or the node does not accept clients
+    /// within 30 s.
     pub fn restart(&mut self, name: &str) {
         let i = self
             .nodes

@@ -25,8 +25,13 @@ pub struct PgBouncer {
 
 impl PgBouncer {
     /// Starts one whose pools hold up to `pool_size` server sessions per database, and returns
-    /// once it accepts connections. Panics at once, naming the command that installs it, when
-    /// `pgbouncer` is missing, and when PostgreSQL is down.
+    /// once it accepts connections.
+    ///
+    /// # Panics
+    ///
+    /// At once, naming the command that installs it, when `pgbouncer` is missing; when
+    /// PostgreSQL is down; when its files cannot be written; and when it does not accept
+    /// connections within 30 s.
     pub fn start(pool_size: usize) -> Self {
         crate::require(crate::Service::Postgres);
         if Command::new("pgbouncer")
@@ -89,6 +94,10 @@ impl PgBouncer {
 
     /// `url`, a URL of the test PostgreSQL (`postgres://postgres@127.0.0.1:5432/DB…`), through
     /// this PgBouncer instead: the same URL with its host and port.
+    ///
+    /// # Panics
+    ///
+    /// When `url` does not contain `127.0.0.1:5432`.
     pub fn url_for(&self, url: &str) -> String {
         let replaced = url.replacen("127.0.0.1:5432", &format!("127.0.0.1:{}", self.port), 1);
         assert_ne!(replaced, url, "expected a URL of 127.0.0.1:5432, got {url}");
@@ -103,6 +112,10 @@ impl PgBouncer {
 
     /// Starts it again on the same port after a [`kill`](Self::kill); returns once it accepts
     /// connections.
+    ///
+    /// # Panics
+    ///
+    /// When it is still running, or does not accept connections within 30 s.
     pub fn start_again(&mut self) {
         assert!(self.process.is_none(), "PgBouncer is still running");
         self.run();

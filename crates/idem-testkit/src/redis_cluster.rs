@@ -28,8 +28,12 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     /// Starts the nodes, joins them into a cluster with `redis-cli --cluster create`, and
-    /// returns once every node reports every slot served. Panics, saying what failed, when
-    /// `redis-server` or `redis-cli` is missing or the cluster does not form.
+    /// returns once every node reports every slot served.
+    ///
+    /// # Panics
+    ///
+    /// Saying what failed, when `redis-server` or `redis-cli` is missing, or a step of forming
+    /// the cluster takes more than 30 s.
     pub fn start(masters: usize, replicas: usize) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "idem-redis-cluster-{}-{}",
@@ -99,11 +103,19 @@ impl RedisCluster {
     }
 
     /// The ports of the running primaries, as the cluster reports them.
+    ///
+    /// # Panics
+    ///
+    /// When no node is running.
     pub fn masters(&self) -> Vec<u16> {
         self.with_role("master")
     }
 
     /// The ports of the running replicas, as the cluster reports them.
+    ///
+    /// # Panics
+    ///
+    /// When no node is running.
     pub fn replicas(&self) -> Vec<u16> {
         self.with_role("slave")
     }
@@ -127,6 +139,10 @@ impl RedisCluster {
     }
 
     /// The port of the primary that serves `key` (by its hash slot).
+    ///
+    /// # Panics
+    ///
+    /// When no node is running, or no running node answers for `key`'s slot.
     pub fn master_of(&self, key: &str) -> u16 {
         let alive = self.running().next().expect("a running node").port;
         let slot: u16 = cli(alive, &["CLUSTER", "KEYSLOT", key])
@@ -149,6 +165,10 @@ impl RedisCluster {
     }
 
     /// How many keys the node on `port` holds (`DBSIZE`).
+    ///
+    /// # Panics
+    ///
+    /// When the node on `port` does not answer.
     pub fn keys_on(&self, port: u16) -> usize {
         cli(port, &["DBSIZE"])
             .and_then(|out| out.trim().parse().ok())
@@ -156,6 +176,10 @@ impl RedisCluster {
     }
 
     /// Kills the node on `port` with SIGKILL, as a crash would, and returns at once.
+    ///
+    /// # Panics
+    ///
+    /// When no node of this cluster is on `port`.
     pub fn kill(&mut self, port: u16) {
         let node = self
             .nodes
@@ -169,6 +193,11 @@ impl RedisCluster {
     /// configuration it kept on disk, and returns once it answers and the cluster reports
     /// every slot served. A primary that was replaced while it was down comes back as a
     /// replica of the node that took over, which copies its data set.
+    ///
+    /// # Panics
+    ///
+    /// When no node of this cluster is on `port` or it is still running, and when it does not
+    /// answer, or a node does not report every slot served, within 30 s.
     pub fn restart(&mut self, port: u16) {
         let dir = self.dir.join(port.to_string());
         let node = self
@@ -185,7 +214,11 @@ impl RedisCluster {
     }
 
     /// Waits until the node on `port` is a replica whose copy of its primary's data set is
-    /// complete (`master_link_status:up`). Panics after half a minute.
+    /// complete (`master_link_status:up`).
+    ///
+    /// # Panics
+    ///
+    /// When it is not such a replica within 30 s.
     pub fn wait_for_replica(&self, port: u16) {
         wait_until(&format!("node :{port} replicates its primary"), || {
             cli(port, &["INFO", "replication"]).is_some_and(|info| {
@@ -203,8 +236,11 @@ impl RedisCluster {
     }
 
     /// Waits until the cluster has replaced the dead primary on `port` (a replica of it promoted,
-    /// as many primaries as before) and every running node reports every slot served. Panics
-    /// after half a minute.
+    /// as many primaries as before) and every running node reports every slot served.
+    ///
+    /// # Panics
+    ///
+    /// When no replica takes over, or a node does not report every slot served, within 30 s.
     pub fn wait_for_failover(&self, port: u16, primaries: usize) {
         wait_until(&format!("a replica takes over from :{port}"), || {
             let masters = self.masters();
@@ -214,7 +250,11 @@ impl RedisCluster {
     }
 
     /// Waits until every running node reports every slot served again (after a failover, by
-    /// a promoted replica). Panics after half a minute.
+    /// a promoted replica).
+    ///
+    /// # Panics
+    ///
+    /// When a node does not report every slot served within 30 s.
     pub fn wait_until_healthy(&self) {
         for node in self.running() {
             wait_until(&format!("node :{} sees the cluster ok", node.port), || {

@@ -146,8 +146,11 @@ impl<M: Mode> IdempotencyLayer<M> {
     /// `Idempotency-Key` alone: aliases for clients that send `X-Idempotency-Key`, or one
     /// header a sender fills with its own id, such as `X-GitHub-Delivery` for webhooks (each
     /// redelivery carries the same id, so it runs once). A request with two of the headers is
-    /// refused with `400 malformed-key`, since they could disagree. Panics if `names` is empty
-    /// or one is not a header name.
+    /// refused with `400 malformed-key`, since they could disagree.
+    ///
+    /// # Panics
+    ///
+    /// When `names` is empty or one of them is not a valid header name.
     pub fn with_key_headers<N: AsRef<str>>(mut self, names: impl IntoIterator<Item = N>) -> Self {
         let spelled: Vec<String> = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
         assert!(!spelled.is_empty(), "at least one key header");
@@ -165,8 +168,11 @@ impl<M: Mode> IdempotencyLayer<M> {
     /// Reads the key from the JSON body: the string at `pointer` (RFC 6901, such as `/id`
     /// for the event id of a Stripe webhook). A body without a string there is refused with
     /// `400 missing-key` when keys are required (and passed through when they are not); the
-    /// body is read for the fingerprint anyway, so this costs one more parse of it. Panics if
-    /// `pointer` is not a JSON pointer to a member.
+    /// body is read for the fingerprint anyway, so this costs one more parse of it.
+    ///
+    /// # Panics
+    ///
+    /// When `pointer` is not a JSON pointer to a member (see [`Fingerprint::check_pointer`]).
     pub fn with_key_from_body(mut self, pointer: &str) -> Self {
         Fingerprint::check_pointer(pointer).expect("a JSON pointer");
         self.key_source = Arc::new(KeySource::Body(pointer.to_owned()));
@@ -175,7 +181,11 @@ impl<M: Mode> IdempotencyLayer<M> {
 
     /// Leaves the members at `pointers` (RFC 6901 JSON pointers, such as
     /// `/metadata/trace_id`) out of a JSON body's fingerprint: a retry that differs only in
-    /// them replays instead of getting `422`. Panics if a pointer is not one.
+    /// them replays instead of getting `422`.
+    ///
+    /// # Panics
+    ///
+    /// When a pointer is not a JSON pointer to a member (see [`Fingerprint::check_pointer`]).
     pub fn with_fingerprint_ignoring<P: AsRef<str>>(
         self,
         pointers: impl IntoIterator<Item = P>,
@@ -184,7 +194,11 @@ impl<M: Mode> IdempotencyLayer<M> {
     }
 
     /// Fingerprints only the members at `pointers` of a JSON body: a retry that differs
-    /// anywhere else replays. Panics if a pointer is not one.
+    /// anywhere else replays.
+    ///
+    /// # Panics
+    ///
+    /// When a pointer is not a JSON pointer to a member (see [`Fingerprint::check_pointer`]).
     pub fn with_fingerprint_only<P: AsRef<str>>(
         self,
         pointers: impl IntoIterator<Item = P>,
@@ -208,7 +222,11 @@ impl<M: Mode> IdempotencyLayer<M> {
     /// Points the layer's own `400`, `409` and `422` answers at the published rules with
     /// `Link: <url>; rel="describedby"` (docs/contract.md §9), so a client that meets a
     /// refusal can find why. `url` is where the service publishes its policy (idem serve:
-    /// `/idempotency-policy`). Panics if `url` cannot be a header value.
+    /// `/idempotency-policy`).
+    ///
+    /// # Panics
+    ///
+    /// When `url` cannot be part of a header value (a control character, say).
     pub fn with_policy_link(mut self, url: &str) -> Self {
         let link = format!("<{url}>; rel=\"describedby\"");
         self.policy_link =

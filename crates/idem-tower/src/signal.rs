@@ -45,6 +45,10 @@ impl OutcomeSignal {
 
     /// A future that completes at the next wake-up for `label`. Create it *before* looking
     /// at the store, so an outcome stored in between is not missed.
+    ///
+    /// # Panics
+    ///
+    /// Never: nothing panics while the waiters' lock is held, so it is never poisoned.
     pub fn listen(&self, label: &str) -> OwnedNotified {
         let notify = self
             .waiters
@@ -66,6 +70,10 @@ impl OutcomeSignal {
     }
 
     /// Wakes this process's waiters for `label` (a relayed wake-up).
+    ///
+    /// # Panics
+    ///
+    /// Never: nothing panics while the waiters' lock is held, so it is never poisoned.
     pub fn wake_local(&self, label: &str) {
         let notify = self
             .waiters
@@ -80,6 +88,10 @@ impl OutcomeSignal {
     /// Wakes every waiter of this process, whatever its key: each looks at the store again.
     /// For stores that cannot tell other processes' outcomes, called every so often
     /// ([`OutcomeChannel::outcome_poll`](idem_store::OutcomeChannel::outcome_poll)).
+    ///
+    /// # Panics
+    ///
+    /// Never: nothing panics while the waiters' lock is held, so it is never poisoned.
     pub fn wake_all_local(&self) {
         let waiters = std::mem::take(
             &mut *self
@@ -93,6 +105,10 @@ impl OutcomeSignal {
     }
 
     /// How many keys have waiters in this process.
+    ///
+    /// # Panics
+    ///
+    /// Never: nothing panics while the waiters' lock is held, so it is never poisoned.
     pub fn waiting(&self) -> usize {
         self.waiters
             .lock()

@@ -34,6 +34,11 @@ impl<T: Send + 'static> Tx<T> {
     /// [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional) over a
     /// store whose transaction is a `T`, or when it passed through without a key.
     ///
+    /// # Errors
+    ///
+    /// [`NoTransaction`] when the layer opened no transaction of type `T` for the request, or
+    /// has already taken it back (the handler returned).
+    ///
     /// ```no_run
     /// # use idem_store::SqliteTx;
     /// # use idem_tower::{NoTransaction, Tx};
@@ -56,6 +61,11 @@ impl<T: Send + 'static> Tx<T> {
     /// Like [`from_extensions`](Self::from_extensions), but `None` when the layer opened no
     /// transaction for the request (a keyless request on a method whose keys are optional),
     /// so the handler can open its own.
+    ///
+    /// # Errors
+    ///
+    /// [`NoTransaction`] when the layer opened one but has already taken it back (the handler
+    /// returned).
     pub async fn if_opened(extensions: &http::Extensions) -> Result<Option<Self>, NoTransaction> {
         let Some(slot) = extensions.get::<TxSlot<T>>().cloned() else {
             return Ok(None);

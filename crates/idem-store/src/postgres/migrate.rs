@@ -59,6 +59,16 @@ impl From<sqlx::Error> for MigrationError {
 /// together take turns (`pg_advisory_xact_lock`, keyed by the table's name) and each finds the
 /// work done by the one before. The statement timeout is lifted for the transaction (a
 /// migration on a large table may take long); the lock timeout stays.
+///
+/// # Errors
+///
+/// Nothing is applied when it fails:
+/// - [`MigrationError::Database`] when the database fails outside a migration's own SQL.
+/// - [`MigrationError::Migration`] when a migration's SQL fails.
+/// - [`MigrationError::Missing`] when the history lists a migration `migrator` lacks.
+/// - [`MigrationError::Changed`] when an applied migration's checksum differs.
+/// - [`MigrationError::Dirty`] when the history records a migration that failed part-way.
+/// - [`MigrationError::OutsideTransaction`] for a migration that cannot run in a transaction.
 pub async fn migrate_pg(pool: &PgPool, migrator: &Migrator) -> Result<(), MigrationError> {
     let table = &*migrator.table_name;
     let mut tx = pool

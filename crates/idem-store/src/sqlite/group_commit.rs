@@ -262,12 +262,23 @@ impl SqliteTx {
     }
 
     /// Commits this request's writes with its group's; returns once they are durable.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when the group's commit fails (its cause is a
+    /// [`GroupCommitFailed`]) or the committer has stopped, and [`Error::Database`] when SQLite
+    /// refuses to release the savepoint. Nothing of this request is committed then.
     pub async fn commit(mut self) -> Result<()> {
         self.end_savepoint(RELEASE).await?;
         self.commit_with_group().await
     }
 
     /// Undoes this request's writes, leaving the rest of its group alone.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] or [`Error::Database`] when SQLite cannot roll the savepoint
+    /// back; the turn ends and the group commits without this request's writes.
     pub async fn rollback(mut self) -> Result<()> {
         self.end_savepoint(ROLLBACK).await?;
         self.hand_back(Ending::Nothing);

@@ -98,11 +98,22 @@ const COMPLETE_AND_RELEASE: &str = concat!(complete_sql!(), "RELEASE idem_reques
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path` and applies the migrations.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] (or [`Error::Unavailable`], for an I/O error) when the file cannot
+    /// be opened or created or SQLite refuses a statement, and [`Error::Migrate`] when the
+    /// migrations fail.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::with_options(SqliteConnectOptions::new().filename(path)).await
     }
 
     /// Opens a database named by a URL such as `sqlite://idem.db` or `sqlite:///var/lib/idem.db`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when `url` cannot be parsed, and otherwise the errors of
+    /// [`open`](Self::open).
     pub async fn connect(url: &str) -> Result<Self> {
         Self::with_options(SqliteConnectOptions::from_str(url).map_err(Error::Database)?).await
     }
@@ -151,6 +162,11 @@ impl SqliteStore {
     /// A turn at the writer for business writes outside an idempotent request: they run in a
     /// savepoint of the group committer's current transaction and commit with it
     /// ([`SqliteTx::commit`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when the group committer has stopped or the writer cannot be
+    /// reached, and [`Error::Database`] when SQLite refuses to open the savepoint.
     pub async fn begin(&self) -> Result<SqliteTx> {
         let mut tx = self.committer.turn().await?;
         tx.savepoint = true;
