@@ -9,6 +9,12 @@ set -euo pipefail
 GRPCIO_VERSION=1.85.1
 venv="$HOME/.cache/idem-tools/grpc-venv"
 
+# Several tests call this at once on a fresh machine: one installs while the others wait, or
+# two pip runs in one venv read each other's half-written packages.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
+
 if ! "$venv/bin/python" - "$GRPCIO_VERSION" 2>/dev/null <<'PY'
 import sys, grpc, grpc_tools  # noqa: F401
 sys.exit(grpc.__version__ != sys.argv[1])

@@ -84,7 +84,6 @@
 //! ```
 // On docs.rs (nightly), mark each feature-gated item with the feature that enables it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
-
 #![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
 mod body;

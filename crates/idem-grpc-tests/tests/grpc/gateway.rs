@@ -72,6 +72,9 @@ async fn upstream(pki: Option<&Pki>) -> Upstream {
     let mut builder = tonic::transport::Server::builder();
     let url = match pki {
         Some(pki) => {
+            // tonic's TLS asks rustls for the process's provider, which rustls cannot guess
+            // when the build carries two (aws-lc-rs, idem's, and ring through other crates).
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
             builder = builder
                 .tls_config(ServerTlsConfig::new().identity(pki.identity()))
                 .unwrap();
