@@ -348,6 +348,22 @@ pub trait AdminStore: Store {
     ) -> impl Future<Output = Result<bool>> + Send;
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+/// Rebuilds a scope read back from a store: the key was validated when it was stored, under
+/// limits that may since have changed, so it is not validated again.
+pub(crate) fn stored_scope(account: String, key: String) -> Result<idem_core::Scope> {
+    let limits = idem_core::KeyLimits {
+        min_len: 1,
+        max_len: usize::MAX,
+    };
+    let key = idem_core::IdempotencyKey::new(key, limits)
+        .map_err(|e| Error::Corrupt(format!("a stored key is invalid: {e}")))?;
+    Ok(idem_core::Scope::new(
+        idem_core::AccountId::new(account),
+        key,
+    ))
+}
+
 /// `record`, read when the store's clock said `store_now` (Unix milliseconds), with its times
 /// moved into the frame of the caller's `now`: a time's distance from the store's now becomes
 /// its distance from the caller's.

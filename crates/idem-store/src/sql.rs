@@ -5,8 +5,7 @@
 //! itself.
 
 use idem_core::{
-    AccountId, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Record, RecordState, Scope,
-    StoredResponse, Timestamp,
+    AccountId, FencingToken, Fingerprint, Record, RecordState, Scope, StoredResponse, Timestamp,
 };
 
 use sqlx::query::Query;
@@ -191,19 +190,7 @@ where
     for<'r> &'r str: ColumnIndex<R>,
     for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
 {
-    stored_scope(row.try_get("account_id")?, row.try_get("idem_key")?)
-}
-
-/// Rebuilds a scope read back from a store: the key was validated when it was stored, under
-/// limits that may since have changed, so it is not validated again.
-fn stored_scope(account: String, key: String) -> Result<Scope> {
-    let limits = KeyLimits {
-        min_len: 1,
-        max_len: usize::MAX,
-    };
-    let key = IdempotencyKey::new(key, limits)
-        .map_err(|e| Error::Corrupt(format!("a stored key is invalid: {e}")))?;
-    Ok(Scope::new(AccountId::new(account), key))
+    crate::stored_scope(row.try_get("account_id")?, row.try_get("idem_key")?)
 }
 
 /// [`record_from_row`] for a row tokio-postgres read (`TokioPgStore`), of the same columns and

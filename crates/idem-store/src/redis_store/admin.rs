@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use idem_core::{AccountId, IdempotencyKey, KeyLimits, Record, Scope, StoredResponse, Timestamp};
+use idem_core::{Record, Scope, StoredResponse, Timestamp};
 use redis::Value;
 
 use super::{
@@ -230,15 +230,7 @@ fn scope_of(member: &str, members: &str) -> Result<Scope> {
         .get(length..)
         .and_then(|rest| rest.strip_prefix(':'))
         .ok_or_else(unreadable)?;
-    // The key was validated when it was claimed, under limits that may since have changed,
-    // so it is not held to today's.
-    let limits = KeyLimits {
-        min_len: 1,
-        max_len: usize::MAX,
-    };
-    let key = IdempotencyKey::new(key, limits)
-        .map_err(|e| Error::Corrupt(format!("a stored key is invalid: {e}")))?;
-    Ok(Scope::new(AccountId::new(account), key))
+    crate::stored_scope(account.to_owned(), key.to_owned())
 }
 
 /// `text` matched literally by a `SCAN`-family `MATCH` pattern.
