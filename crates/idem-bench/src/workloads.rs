@@ -657,21 +657,11 @@ async fn postgres_up() -> anyhow::Result<()> {
         .with_context(|| {
             format!(
                 "PostgreSQL is not reachable at {} (set IDEM_TEST_PG_URL)",
-                redact(&url)
+                idem_cli::store_url::redact(&url)
             )
         })?;
     conn.close().await?;
     Ok(())
-}
-
-/// A URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepared> {

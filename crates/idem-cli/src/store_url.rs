@@ -59,8 +59,9 @@ impl StoreUrl {
     }
 }
 
-/// A database URL without its password, for messages.
-pub(crate) fn redact(url: &str) -> String {
+/// A database URL without its password, for messages (the user name stays, so the message
+/// still says who connected).
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let credentials = &url[scheme + 3..at];
