@@ -37,6 +37,7 @@ use crate::chaos::journal;
 use crate::chaos::load;
 use crate::chaos::schedule;
 use crate::chaos::settings;
+use crate::common::RedisPrefix;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -251,22 +252,6 @@ fn running_logs(chaos: &mut Chaos<'_>) -> Vec<(usize, String)> {
     (0..2)
         .filter_map(|slot| Some((slot, chaos.instances[slot].as_ref()?.log())))
         .collect()
-}
-
-/// Deletes the run's keys from the shared Redis, pass or fail.
-struct RedisPrefix(String);
-
-impl Drop for RedisPrefix {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("redis-cli")
-            .args([
-                "EVAL",
-                "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
-                "0",
-                &format!("{}:*", self.0),
-            ])
-            .output();
-    }
 }
 
 /// The checker's findings, and the figures it counts.

@@ -7,25 +7,9 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::{Spawned, idem_output};
+use crate::common::{RedisPrefix, Spawned, idem_output};
 
 const REDIS: &str = "redis://127.0.0.1:6379/0";
-
-/// Deletes a test's keys from the shared Redis when dropped, pass or fail.
-struct RedisPrefix(String);
-
-impl Drop for RedisPrefix {
-    fn drop(&mut self) {
-        let _ = Command::new("redis-cli")
-            .args([
-                "EVAL",
-                "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
-                "0",
-                &format!("{}:*", self.0),
-            ])
-            .output();
-    }
-}
 
 /// An upstream that counts each `POST /orders` per `Idempotency-Key`, tells of its arrival,
 /// and never answers it in the test's time.

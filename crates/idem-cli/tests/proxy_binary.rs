@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use crate::common::{Spawned, assert_healthy, keyed, metrics};
+use crate::common::{RedisPrefix, Spawned, assert_healthy, keyed, metrics};
 
 /// Starts `idem proxy` from `dir` in front of `upstream`, with `extra` flags.
 fn start_proxy(dir: &std::path::Path, upstream: &str, extra: &[&str]) -> Spawned {
@@ -350,22 +350,6 @@ async fn the_proxy_sweeps_expired_keys_on_sqlite() {
 /// libfaketime from Debian's `faketime` package, the thread-safe build (the proxy runs many
 /// threads), preloaded into a child so that its clock runs ahead (`FAKETIME=+120s`).
 const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
-
-/// Deletes a test's keys from the shared Redis when dropped, pass or fail.
-struct RedisPrefix(String);
-
-impl Drop for RedisPrefix {
-    fn drop(&mut self) {
-        let _ = Command::new("redis-cli")
-            .args([
-                "EVAL",
-                "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
-                "0",
-                &format!("{}:*", self.0),
-            ])
-            .output();
-    }
-}
 
 /// An upstream that holds each `POST /orders` for `hold` before it answers `201`, counts the
 /// calls per `Idempotency-Key`, and tells of each call's arrival.

@@ -7,6 +7,7 @@
 //!
 //! Each test prints what it counted (`--nocapture` shows it).
 
+use crate::common::RedisPrefix;
 use crate::common::processes::{PgDatabase, Proxy};
 use idem_cli::fake_psp::{FakePsp, Faults};
 
@@ -91,29 +92,6 @@ async fn cross(args: &[&str], first: &[&str], second: &[&str]) -> Crossed {
     Crossed {
         charges: psp.charges().await,
         replays,
-    }
-}
-
-/// Deletes a test's Redis keys (records, the shared secret) when dropped.
-struct RedisPrefix(String);
-
-impl RedisPrefix {
-    fn new(what: &str) -> Self {
-        idem_testkit::require(idem_testkit::Service::Redis);
-        Self(format!("idem-test-{what}-{}", rand::random::<u64>()))
-    }
-}
-
-impl Drop for RedisPrefix {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("redis-cli")
-            .args([
-                "EVAL",
-                "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
-                "0",
-                &format!("{}:*", self.0),
-            ])
-            .output();
     }
 }
 

@@ -303,9 +303,9 @@ pub struct RecordFilter {
     pub limit: u32,
 }
 
-// Read by the SQL backends' queries only.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 impl RecordFilter {
+    /// The limit every backend applies: the `limit` field, or 100 when it is zero.
     fn limit(&self) -> i64 {
         if self.limit == 0 {
             100
@@ -314,6 +314,7 @@ impl RecordFilter {
         }
     }
 
+    /// The state the filter asks for, as every backend stores it.
     fn state(&self) -> Option<&'static str> {
         self.in_progress
             .map(|p| if p { "in_progress" } else { "completed" })

@@ -174,6 +174,31 @@ fn pttl(key: &str) -> i64 {
     conn.pttl(key).unwrap()
 }
 
+/// A record completed when Redis's clock said `completed` (Unix ms) is kept for `retention`
+/// from then: its TTL is the retention plus the store's slack, and its index score is its
+/// expiry. (The test's own round trips take a little of both, so each is allowed a minute.)
+fn assert_kept_for_the_retention(
+    conn: &mut redis::Connection,
+    index: &str,
+    redis_key: &str,
+    retention: std::time::Duration,
+    completed: i64,
+) {
+    let expected = (retention + RedisStore::TTL_SLACK).as_millis() as i64;
+    let ttl = pttl(redis_key);
+    assert!(
+        ttl <= expected && ttl > expected - 60_000,
+        "TTL {ttl} ms, expected about {expected} ms"
+    );
+    let expires_at = completed + retention.as_millis() as i64;
+    let score: Option<f64> = conn.zscore(index, redis_key).unwrap();
+    let score = score.expect("in the index") as i64;
+    assert!(
+        (expires_at..expires_at + 60_000).contains(&score),
+        "scored {score}, expected about {expires_at}"
+    );
+}
+
 /// 64 tasks on four separate connections (as four gateway instances would be) claim one key:
 /// exactly one wins.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -326,20 +351,7 @@ async fn only_completed_records_carry_a_ttl_and_the_guard_cleans_up() {
                 .await
                 .unwrap()
         );
-        let expected = (policy.retention + RedisStore::TTL_SLACK).as_millis() as i64;
-        let ttl = pttl(&redis_key);
-        // The test's own round trips take a little of it.
-        assert!(
-            ttl <= expected && ttl > expected - 60_000,
-            "TTL {ttl} ms, expected about {expected} ms"
-        );
-        let score: Option<f64> = conn.zscore(&index, &redis_key).unwrap();
-        let expires_at = completed + policy.retention.as_millis() as i64;
-        let score = score.expect("in the index") as i64;
-        assert!(
-            (expires_at..expires_at + 60_000).contains(&score),
-            "scored {score}, expected about {expires_at}"
-        );
+        assert_kept_for_the_retention(&mut conn, &index, &redis_key, policy.retention, completed);
     }
     assert!(!prefix.keys().unwrap().is_empty());
 
@@ -589,19 +601,7 @@ async fn a_forced_outcome_gets_a_completions_ttl_and_a_purge_leaves_nothing() {
             .await
             .unwrap()
     );
-    let expected = (policy.retention + RedisStore::TTL_SLACK).as_millis() as i64;
-    let ttl = pttl(&redis_key);
-    assert!(
-        ttl <= expected && ttl > expected - 60_000,
-        "TTL {ttl} ms, expected about {expected} ms"
-    );
-    let expires_at = completed + policy.retention.as_millis() as i64;
-    let score: Option<f64> = conn.zscore(&index, &redis_key).unwrap();
-    let score = score.expect("in the index") as i64;
-    assert!(
-        (expires_at..expires_at + 60_000).contains(&score),
-        "scored {score}, expected about {expires_at}"
-    );
+    assert_kept_for_the_retention(&mut conn, &index, &redis_key, policy.retention, completed);
     // The claim's token no longer holds the key.
     assert!(
         !store

@@ -16,6 +16,32 @@ use idem_core::{ManualClock, Timestamp};
 use sqlx::sqlite::SqlitePool;
 use tokio::sync::oneshot;
 
+/// A test's own key prefix on the shared Redis (records, the gateway's secret): its keys are
+/// deleted when it is dropped, pass or fail.
+pub struct RedisPrefix(pub String);
+
+impl RedisPrefix {
+    /// A fresh prefix naming `what`; fails at once, naming the command that starts it, if
+    /// Redis is down.
+    pub fn new(what: &str) -> Self {
+        idem_testkit::require(idem_testkit::Service::Redis);
+        Self(format!("idem-test-{what}-{}", rand::random::<u64>()))
+    }
+}
+
+impl Drop for RedisPrefix {
+    fn drop(&mut self) {
+        let _ = Command::new("redis-cli")
+            .args([
+                "EVAL",
+                "for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end",
+                "0",
+                &format!("{}:*", self.0),
+            ])
+            .output();
+    }
+}
+
 pub const ALICE: &str = "sk_test_alice";
 pub const BOB: &str = "sk_test_bob";
 

@@ -20,15 +20,9 @@ use crate::{AdminStore, Error, RecordFilter, Result, in_caller_frame, millis};
 /// looks at: a few hundred microseconds of Redis's time per step.
 const PAGE: usize = 256;
 
-/// [`RecordFilter::limit`]'s default, as the SQL stores apply it.
-const DEFAULT_LIMIT: usize = 100;
-
 impl AdminStore for RedisStore {
     async fn list(&self, filter: &RecordFilter, now: Timestamp) -> Result<Vec<Record>> {
-        let limit = match filter.limit {
-            0 => DEFAULT_LIMIT,
-            limit => usize::try_from(limit).unwrap_or(usize::MAX),
-        };
+        let limit = usize::try_from(filter.limit()).unwrap_or(usize::MAX);
         let mut listed = Newest::new(limit);
         let started = Instant::now();
         for (index, members) in self.indexes() {
@@ -135,11 +129,7 @@ impl RedisStore {
             return Ok(());
         }
         let keys: Vec<&str> = page.iter().map(String::as_str).collect();
-        let state = match filter.in_progress {
-            Some(true) => "in_progress",
-            Some(false) => "completed",
-            None => "",
-        };
+        let state = filter.state().unwrap_or("");
         // The caller's bound as a distance from the caller's now, which the script applies
         // to Redis's now.
         let stale = filter
