@@ -1,0 +1,386 @@
+//! The middleware on a real actix-web server on a loopback port, over real HTTP: replays,
+//! concurrent duplicates, rollbacks, refusals, and lease mode's downstream key.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
+use actix_web::middleware::{Next, from_fn};
+use actix_web::{HttpMessage, HttpRequest, HttpResponse, HttpServer, web};
+use idem_actix::{IdempotencyLayer, Idempotent, LeaseMode, TransactionMode, Tx};
+use idem_core::{AccountId, Clock, DownstreamKey, IdempotencyKey, KeyLimits, Scope, SystemClock};
+use idem_store::{SqliteStore, SqliteTx, Store};
+use reqwest::header::HeaderMap;
+use tokio::sync::{Notify, Semaphore};
+
+/// The account every test request acts for, unless a test says otherwise.
+const ACCOUNT: &str = "acct_actix";
+
+/// What the handlers share with the test: how often they ran, a signal that one was entered,
+/// and a gate that holds a request marked `x-gate` until the test opens it.
+#[derive(Clone)]
+struct Probe {
+    calls: Arc<AtomicUsize>,
+    entered: Arc<Notify>,
+    gate: Arc<Semaphore>,
+}
+
+impl Probe {
+    fn new() -> Self {
+        Self {
+            calls: Arc::default(),
+            entered: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    /// The handler's work, steered by the request's headers (which are not part of its
+    /// fingerprint): `x-gate` waits for the test, `x-fail` answers 500, `x-panic` panics.
+    async fn run(&self, request: &HttpRequest, said: &str) -> HttpResponse {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        self.entered.notify_one();
+        let marked = |name: &str| request.headers().contains_key(name);
+        if marked("x-gate") {
+            self.gate.acquire().await.unwrap().forget();
+        }
+        assert!(!marked("x-panic"), "the handler panics, as asked");
+        if marked("x-fail") {
+            return HttpResponse::InternalServerError().body("failed");
+        }
+        HttpResponse::Created()
+            .insert_header(("location", format!("/work/{n}")))
+            .body(format!("call {n}: {said}"))
+    }
+}
+
+async fn tx_handler(
+    probe: web::Data<Probe>,
+    request: HttpRequest,
+    mut tx: Tx<SqliteTx>,
+    body: web::Bytes,
+) -> HttpResponse {
+    sqlx::query("INSERT INTO effects (n) VALUES (1)")
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+    probe.run(&request, &String::from_utf8_lossy(&body)).await
+}
+
+/// Lease mode's handler answers with the downstream key it would pass on.
+async fn lease_handler(
+    probe: web::Data<Probe>,
+    request: HttpRequest,
+    key: web::ReqData<DownstreamKey>,
+) -> HttpResponse {
+    probe.run(&request, key.as_str()).await
+}
+
+/// The service's authentication, as an app puts it outside the middleware: `x-account` names
+/// the caller's account (a request without it has none).
+async fn authenticate(
+    request: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let account = request
+        .headers()
+        .get("x-account")
+        .and_then(|v| v.to_str().ok())
+        .map(AccountId::new);
+    if let Some(account) = account {
+        request.extensions_mut().insert(account);
+    }
+    next.call(request).await
+}
+
+#[derive(Clone)]
+enum Layer {
+    Transaction(IdempotencyLayer<TransactionMode<SqliteStore>>),
+    Lease(IdempotencyLayer<LeaseMode<SqliteStore>>),
+}
+
+struct App {
+    url: String,
+    probe: Probe,
+    store: SqliteStore,
+    client: reqwest::Client,
+    server: ServerHandle,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for App {
+    fn drop(&mut self) {
+        // Stops the workers; the future it returns need not be awaited for that.
+        drop(self.server.stop(false));
+    }
+}
+
+/// Serves `/work` behind the middleware in transaction or lease mode (as `lease` says), over a
+/// SQLite store in a temporary directory, on two workers.
+async fn start(lease: bool) -> App {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("t.db")).await.unwrap();
+    sqlx::query("CREATE TABLE effects (n INTEGER)")
+        .execute(store.writer())
+        .await
+        .unwrap();
+    let layer = if lease {
+        Layer::Lease(IdempotencyLayer::leased(store.clone()))
+    } else {
+        Layer::Transaction(IdempotencyLayer::transactional(store.clone()))
+    };
+    let probe = Probe::new();
+    let data = web::Data::new(probe.clone());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/work", listener.local_addr().unwrap());
+    let server = HttpServer::new(move || {
+        let layer = layer.clone();
+        actix_web::App::new()
+            .app_data(data.clone())
+            .configure(move |routes| match layer {
+                Layer::Transaction(layer) => {
+                    routes.service(
+                        web::resource("/work")
+                            .wrap(Idempotent::new(layer))
+                            .route(web::post().to(tx_handler))
+                            .route(web::get().to(|| async { "read" })),
+                    );
+                }
+                Layer::Lease(layer) => {
+                    routes.service(
+                        web::resource("/work")
+                            .wrap(Idempotent::new(layer))
+                            .route(web::post().to(lease_handler)),
+                    );
+                }
+            })
+            // Added last, so it runs first: the middleware sees the account it set.
+            .wrap(from_fn(authenticate))
+    })
+    .workers(2)
+    .listen(listener)
+    .unwrap()
+    .run();
+    let handle = server.handle();
+    actix_web::rt::spawn(server);
+    App {
+        url,
+        probe,
+        store,
+        client: reqwest::Client::new(),
+        server: handle,
+        _dir: dir,
+    }
+}
+
+/// An answer: its status, headers and body.
+struct Answer {
+    status: u16,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+
+    /// The `type` of a problem-details body.
+    fn problem(&self) -> String {
+        let problem: serde_json::Value = serde_json::from_str(&self.body).unwrap();
+        problem["type"].as_str().unwrap().to_owned()
+    }
+}
+
+impl App {
+    /// A JSON POST of `body` as [`ACCOUNT`], under `key` if there is one, with `marks` (the
+    /// handler's `x-` steering headers) set.
+    fn post(&self, key: Option<&str>, body: &str, marks: &[&str]) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("x-account", ACCOUNT)
+            .body(body.to_owned());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        for mark in marks {
+            request = request.header(*mark, "1");
+        }
+        request
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Answer {
+        let response = request.send().await.unwrap();
+        Answer {
+            status: response.status().as_u16(),
+            headers: response.headers().clone(),
+            body: response.text().await.unwrap(),
+        }
+    }
+
+    async fn send_json(&self, key: &str, body: &str) -> Answer {
+        self.send(self.post(Some(key), body, &[])).await
+    }
+
+    fn calls(&self) -> usize {
+        self.probe.calls.load(Ordering::SeqCst)
+    }
+
+    async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.store.readers())
+            .await
+            .unwrap()
+    }
+}
+
+fn scope(key: &str) -> Scope {
+    Scope::new(
+        AccountId::new(ACCOUNT),
+        IdempotencyKey::new(key, KeyLimits::default()).unwrap(),
+    )
+}
+
+#[actix_web::test]
+async fn a_first_request_runs_once_and_its_retries_replay() {
+    let app = start(false).await;
+    let first = app.send_json("order-0001", r#"{"sku":"A1"}"#).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert!(!first.replayed());
+    for _ in 0..2 {
+        let again = app.send_json("order-0001", r#"{"sku":"A1"}"#).await;
+        assert_eq!(again.status, 201);
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body);
+        assert_eq!(again.headers.get("location"), first.headers.get("location"));
+    }
+    assert_eq!(app.calls(), 1);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+}
+
+#[actix_web::test]
+async fn concurrent_duplicates_make_one_effect() {
+    let app = start(false).await;
+    let copies = (0..8).map(|_| app.send_json("order-burst-1", r#"{"sku":"B2"}"#));
+    let answers = futures_util::future::join_all(copies).await;
+    assert!(answers.iter().all(|a| a.status == 201), "all answered 201");
+    assert_eq!(answers.iter().filter(|a| !a.replayed()).count(), 1);
+    assert!(answers.iter().all(|a| a.body == answers[0].body));
+    assert_eq!(app.calls(), 1);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+}
+
+#[actix_web::test]
+async fn a_handler_error_rolls_back_its_write_and_the_claim() {
+    let app = start(false).await;
+    let body = r#"{"sku":"C3"}"#;
+    let failed = app
+        .send(app.post(Some("order-fail-1"), body, &["x-fail"]))
+        .await;
+    assert_eq!(failed.status, 500);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 0);
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+
+    // The key is free: its retry runs afresh, and is the one effect.
+    let retry = app.send_json("order-fail-1", body).await;
+    assert_eq!((retry.status, retry.replayed()), (201, false));
+    assert_eq!(app.calls(), 2);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+}
+
+#[actix_web::test]
+async fn a_handler_panic_is_500_handler_failed_and_frees_the_key() {
+    let app = start(false).await;
+    let body = r#"{"sku":"D4"}"#;
+    let panicked = app
+        .send(app.post(Some("order-panic-1"), body, &["x-panic"]))
+        .await;
+    assert_eq!(panicked.status, 500);
+    assert_eq!(panicked.problem(), "urn:idem:problem:handler-failed");
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 0);
+    let retry = app.send_json("order-panic-1", body).await;
+    assert_eq!((retry.status, retry.replayed()), (201, false));
+}
+
+#[actix_web::test]
+async fn a_key_reused_with_another_body_is_422() {
+    let app = start(false).await;
+    app.send_json("order-0002", r#"{"sku":"E5"}"#).await;
+    let reused = app.send_json("order-0002", r#"{"sku":"F6"}"#).await;
+    assert_eq!(reused.status, 422);
+    assert_eq!(reused.problem(), "urn:idem:problem:mismatch");
+    assert_eq!(app.calls(), 1);
+}
+
+#[actix_web::test]
+async fn keys_are_checked_before_anything_runs() {
+    let app = start(false).await;
+    let missing = app.send(app.post(None, "{}", &[])).await;
+    assert_eq!(missing.status, 400);
+    assert_eq!(missing.problem(), "urn:idem:problem:missing-key");
+    let malformed = app.send_json("short", "{}").await;
+    assert_eq!(malformed.status, 400);
+    assert_eq!(malformed.problem(), "urn:idem:problem:malformed-key");
+    // A method the policy does not cover passes through untouched.
+    let read = app.send(app.client.get(&app.url)).await;
+    assert_eq!((read.status, read.body.as_str()), (200, "read"));
+    assert_eq!(app.calls(), 0);
+}
+
+/// A covered request that reaches the middleware with no account (its authentication did not
+/// run first) gets the same refusal as on axum: nothing runs and nothing is stored.
+#[actix_web::test]
+async fn a_request_without_an_account_is_refused_and_nothing_runs() {
+    for lease in [false, true] {
+        let app = start(lease).await;
+        let request = app
+            .client
+            .post(&app.url)
+            .header("content-type", "application/json")
+            .header("idempotency-key", "checkout-3fa1b2")
+            .body(r#"{"item":"sku-42"}"#);
+        let refused = app.send(request).await;
+        assert_eq!(refused.status, 500);
+        assert_eq!(refused.problem(), "urn:idem:problem:no-account");
+        assert_eq!(app.calls(), 0);
+        assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+    }
+}
+
+#[actix_web::test]
+async fn lease_mode_hands_the_downstream_key_and_refuses_duplicates_in_flight() {
+    let app = Arc::new(start(true).await);
+    let body = r#"{"amount":100}"#;
+    let original = {
+        let app = app.clone();
+        actix_web::rt::spawn(async move {
+            let request = app.post(Some("payout-0001"), body, &["x-gate"]);
+            app.send(request).await
+        })
+    };
+    app.probe.entered.notified().await;
+    let copies = (0..7).map(|_| app.send_json("payout-0001", body));
+    for duplicate in futures_util::future::join_all(copies).await {
+        assert_eq!(duplicate.status, 409);
+        assert_eq!(duplicate.problem(), "urn:idem:problem:in-use");
+        assert!(duplicate.headers.contains_key("retry-after"));
+    }
+    app.probe.gate.add_permits(1);
+    let original = original.await.unwrap();
+    assert_eq!(original.status, 201, "{}", original.body);
+
+    // The key the handler was given is the one a reconciler derives from the record.
+    let now = SystemClock.now();
+    let record = app.store.get(&scope("payout-0001"), now).await.unwrap();
+    let expected = DownstreamKey::of(&record.expect("a record"));
+    assert_eq!(original.body, format!("call 1: {expected}"));
+
+    let replay = app.send_json("payout-0001", body).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, original.body);
+    assert_eq!(app.calls(), 1);
+}
