@@ -30,6 +30,54 @@ use crate::extract::LayerExtensions;
 /// `layer` is idem-tower's [`IdempotencyLayer`], in transaction or lease mode, with every
 /// setting it has; this middleware runs it, so the answers are the layer's (docs/contract.md
 /// §2). Clone it into each worker's `App`: its clones share one store and one sweeper.
+///
+/// In lease mode the claim commits first and the handler calls another system, passing it the
+/// request's [`DownstreamKey`] so that a retry after a crash is not a second payment there:
+///
+/// ```
+/// use actix_web::dev::Service;
+/// use actix_web::{App, HttpMessage, HttpResponse, test, web};
+/// use idem_actix::{IdempotencyLayer, Idempotent};
+/// use idem_core::{AccountId, DownstreamKey};
+/// use idem_store::SqliteStore;
+///
+/// async fn create_payout(key: web::ReqData<DownstreamKey>) -> HttpResponse {
+///     // The provider dedupes on the key: `provider.pay(amount, key.as_str())`.
+///     HttpResponse::Created().body(format!("paid under {}", key.as_str()))
+/// }
+///
+/// # #[actix_web::main]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let store = SqliteStore::open(dir.path().join("payouts.db")).await?;
+/// let payouts = Idempotent::new(IdempotencyLayer::leased(store).without_takeover());
+/// let app = test::init_service(
+///     App::new()
+///         .service(
+///             web::resource("/payouts")
+///                 .wrap(payouts)
+///                 .route(web::post().to(create_payout)),
+///         )
+///         // Stands in for the app's authentication.
+///         .wrap_fn(|request, service| {
+///             request.extensions_mut().insert(AccountId::new("acct_alice"));
+///             service.call(request)
+///         }),
+/// )
+/// .await;
+/// let request = || {
+///     test::TestRequest::post()
+///         .uri("/payouts")
+///         .insert_header(("idempotency-key", "payout-0001"))
+///         .set_payload(r#"{"amount":100}"#)
+///         .to_request()
+/// };
+/// let first = test::call_and_read_body(&app, request()).await;
+/// let retry = test::call_and_read_body(&app, request()).await;
+/// assert!(first.starts_with(b"paid under idem-"));
+/// assert_eq!(retry, first, "the retry is the stored answer");
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Idempotent<M> {
     layer: IdempotencyLayer<M>,

@@ -9,7 +9,9 @@ use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, HttpServer, web};
 use idem_actix::{IdempotencyLayer, Idempotent, LeaseMode, TransactionMode, Tx};
-use idem_core::{AccountId, Clock, DownstreamKey, IdempotencyKey, KeyLimits, Scope, SystemClock};
+use idem_core::{
+    AccountId, Clock, DownstreamKey, IdempotencyKey, KeyLimits, Policy, Scope, SystemClock,
+};
 use idem_store::{SqliteStore, SqliteTx, Store};
 use reqwest::header::HeaderMap;
 use tokio::sync::{Notify, Semaphore};
@@ -48,9 +50,15 @@ impl Probe {
         if marked("x-fail") {
             return HttpResponse::InternalServerError().body("failed");
         }
+        let len = request.headers().get("x-len").and_then(|v| v.to_str().ok());
+        let body = match len.and_then(|v| v.parse().ok()) {
+            Some(len) => "b".repeat(len),
+            None => format!("call {n}: {said}"),
+        };
         HttpResponse::Created()
             .insert_header(("location", format!("/work/{n}")))
-            .body(format!("call {n}: {said}"))
+            .content_type("text/plain")
+            .body(body)
     }
 }
 
@@ -67,13 +75,18 @@ async fn tx_handler(
     probe.run(&request, &String::from_utf8_lossy(&body)).await
 }
 
-/// Lease mode's handler answers with the downstream key it would pass on.
+/// Lease mode's handler answers with the downstream key it would pass on, or the body it read
+/// when it has none (a keyless request let through).
 async fn lease_handler(
     probe: web::Data<Probe>,
     request: HttpRequest,
-    key: web::ReqData<DownstreamKey>,
+    key: Option<web::ReqData<DownstreamKey>>,
+    body: web::Bytes,
 ) -> HttpResponse {
-    probe.run(&request, key.as_str()).await
+    match key {
+        Some(key) => probe.run(&request, key.as_str()).await,
+        None => probe.run(&request, &String::from_utf8_lossy(&body)).await,
+    }
 }
 
 /// The service's authentication, as an app puts it outside the middleware: `x-account` names
@@ -116,18 +129,26 @@ impl Drop for App {
 }
 
 /// Serves `/work` behind the middleware in transaction or lease mode (as `lease` says), over a
-/// SQLite store in a temporary directory, on two workers.
+/// SQLite store in a temporary directory, on two workers. In lease mode `/wrong` is a route
+/// wired wrong: its handler asks for a transaction.
 async fn start(lease: bool) -> App {
+    start_with(lease, |_| {}).await
+}
+
+/// [`start`] with the policy `adjust` makes.
+async fn start_with(lease: bool, adjust: impl FnOnce(&mut Policy)) -> App {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("t.db")).await.unwrap();
     sqlx::query("CREATE TABLE effects (n INTEGER)")
         .execute(store.writer())
         .await
         .unwrap();
+    let mut policy = Policy::default();
+    adjust(&mut policy);
     let layer = if lease {
-        Layer::Lease(IdempotencyLayer::leased(store.clone()))
+        Layer::Lease(IdempotencyLayer::leased(store.clone()).with_policy(policy))
     } else {
-        Layer::Transaction(IdempotencyLayer::transactional(store.clone()))
+        Layer::Transaction(IdempotencyLayer::transactional(store.clone()).with_policy(policy))
     };
     let probe = Probe::new();
     let data = web::Data::new(probe.clone());
@@ -147,11 +168,17 @@ async fn start(lease: bool) -> App {
                     );
                 }
                 Layer::Lease(layer) => {
-                    routes.service(
-                        web::resource("/work")
-                            .wrap(Idempotent::new(layer))
-                            .route(web::post().to(lease_handler)),
-                    );
+                    routes
+                        .service(
+                            web::resource("/work")
+                                .wrap(Idempotent::new(layer.clone()))
+                                .route(web::post().to(lease_handler)),
+                        )
+                        .service(
+                            web::resource("/wrong")
+                                .wrap(Idempotent::new(layer))
+                                .route(web::post().to(tx_handler)),
+                        );
                 }
             })
             // Added last, so it runs first: the middleware sees the account it set.
@@ -383,4 +410,83 @@ async fn lease_mode_hands_the_downstream_key_and_refuses_duplicates_in_flight() 
     assert!(replay.replayed());
     assert_eq!(replay.body, original.body);
     assert_eq!(app.calls(), 1);
+}
+
+#[actix_web::test]
+async fn a_response_over_the_storage_cap_streams_whole_and_replays_without_body() {
+    let app = start_with(false, |p| p.storage_cap = 100).await;
+    let request = || {
+        app.post(Some("big-reply-key-1"), "{}", &[])
+            .header("x-len", "100000")
+    };
+    let first = app.send(request()).await;
+    assert_eq!((first.status, first.body.len()), (201, 100_000));
+    let again = app.send(request()).await;
+    assert_eq!(again.status, 201);
+    assert!(again.replayed());
+    assert_eq!(again.headers.get("idempotent-replay").unwrap(), "omitted");
+    assert_eq!(again.headers.get("content-type").unwrap(), "text/plain");
+    assert!(again.body.is_empty());
+    assert_eq!(app.calls(), 1);
+}
+
+/// A keyless request on a route whose keys are optional reaches the handler with its body
+/// still streaming, and runs every time.
+#[actix_web::test]
+async fn keyless_requests_pass_through_with_their_body_when_keys_are_optional() {
+    let app = start_with(true, |p| p.require_key = false).await;
+    let body = format!(r#"{{"pad":"{}"}}"#, "p".repeat(200_000));
+    for n in 1..=2 {
+        let answer = app.send(app.post(None, &body, &[])).await;
+        assert_eq!(answer.status, 201);
+        assert_eq!(answer.body, format!("call {n}: {body}"));
+    }
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+}
+
+#[actix_web::test]
+async fn a_tx_asked_for_outside_transaction_mode_is_500_no_transaction() {
+    let app = start(true).await;
+    let request = app
+        .post(Some("wrong-route-1"), "{}", &[])
+        .try_clone()
+        .unwrap();
+    let wrong = app.client.execute({
+        let mut built = request.build().unwrap();
+        *built.url_mut() = app.url.replace("/work", "/wrong").parse().unwrap();
+        built
+    });
+    let response = wrong.await.unwrap();
+    assert_eq!(response.status(), 500);
+    let body = response.text().await.unwrap();
+    assert!(body.contains("urn:idem:problem:no-transaction"), "{body}");
+    assert!(body.contains("SqliteTx"), "names the type: {body}");
+}
+
+/// The client hangs up while its handler runs; the work goes on and commits, so the retry
+/// (which waits for it, in transaction mode) replays it instead of running it again.
+#[actix_web::test]
+async fn a_client_hanging_up_does_not_cancel_the_work() {
+    use tokio::io::AsyncWriteExt;
+    let app = start(false).await;
+    let body = r#"{"sku":"H8"}"#;
+    let addr = app
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/work");
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "POST /work HTTP/1.1\r\nhost: x\r\nx-account: {ACCOUNT}\r\nx-gate: 1\r\nidempotency-key: hangup-key-0001\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    app.probe.entered.notified().await;
+    drop(socket);
+    let retry = app.send_json("hangup-key-0001", body);
+    let open_gate = async { app.probe.gate.add_permits(1) };
+    let (retry, ()) = tokio::join!(retry, open_gate);
+    assert_eq!(retry.status, 201, "{}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(app.calls(), 1);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
 }
