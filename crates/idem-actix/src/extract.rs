@@ -27,7 +27,9 @@ pub(crate) struct LayerExtensions(pub(crate) Arc<http::Extensions>);
 ///
 /// On a route not behind [`Idempotent`](crate::Idempotent) in transaction mode over a store
 /// whose transaction is a `T`, extracting it fails with `500
-/// urn:idem:problem:no-transaction`, naming `T`: a route wired wrong.
+/// urn:idem:problem:no-transaction`, naming `T`: a route wired wrong. `Option<Tx<T>>` is
+/// `None` then, and when the layer let a keyless request through (on a route whose keys are
+/// optional), so the handler can open a transaction of its own.
 ///
 /// ```no_run
 /// use actix_web::HttpResponse;
@@ -83,9 +85,10 @@ impl<T: Send + 'static> FromRequest for Tx<T> {
                 }
                 None => idem_tower::Tx::<T>::from_extensions(&http::Extensions::new()).await,
             };
+            // A route wired wrong, not a refusal of the contract: a `500` without
+            // `Retry-After`, since a retry cannot help. Logged when it is answered, so an
+            // `Option<Tx<T>>` that finds none logs nothing.
             opened.map(Tx).map_err(|e| {
-                tracing::error!("{e}");
-                // A route wired wrong, not a refusal of the contract: a retry cannot help.
                 ProblemError(ProblemKind::NoTransaction.with_detail(e.to_string())).into()
             })
         })

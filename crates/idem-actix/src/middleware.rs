@@ -299,6 +299,7 @@ impl ResponseError for ProblemError {
     }
 
     fn error_response(&self) -> HttpResponse {
+        tracing::error!(problem = %self.0.kind, "{}", self.0.detail);
         problem_response(&self.0).map_into_boxed_body()
     }
 }

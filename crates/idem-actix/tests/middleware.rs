@@ -8,7 +8,7 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, HttpServer, web};
-use idem_actix::{IdempotencyLayer, Idempotent, LeaseMode, TransactionMode, Tx};
+use idem_actix::{IdempotencyLayer, Idempotent, LeaseMode, Outcome, TransactionMode, Tx};
 use idem_core::{
     AccountId, Clock, DownstreamKey, IdempotencyKey, KeyLimits, Policy, Scope, SystemClock,
 };
@@ -55,10 +55,14 @@ impl Probe {
             Some(len) => "b".repeat(len),
             None => format!("call {n}: {said}"),
         };
-        HttpResponse::Created()
+        let mut response = HttpResponse::Created()
             .insert_header(("location", format!("/work/{n}")))
             .content_type("text/plain")
-            .body(body)
+            .body(body);
+        if marked("x-release") {
+            response.extensions_mut().insert(Outcome::Release);
+        }
+        response
     }
 }
 
@@ -73,6 +77,11 @@ async fn tx_handler(
         .await
         .unwrap();
     probe.run(&request, &String::from_utf8_lossy(&body)).await
+}
+
+/// Says whether the layer opened a transaction for the request.
+async fn maybe_tx_handler(tx: Option<Tx<SqliteTx>>) -> &'static str {
+    if tx.is_some() { "opened" } else { "none" }
 }
 
 /// Lease mode's handler answers with the downstream key it would pass on, or the body it read
@@ -129,8 +138,9 @@ impl Drop for App {
 }
 
 /// Serves `/work` behind the middleware in transaction or lease mode (as `lease` says), over a
-/// SQLite store in a temporary directory, on two workers. In lease mode `/wrong` is a route
-/// wired wrong: its handler asks for a transaction.
+/// SQLite store in a temporary directory, on two workers. In transaction mode `/optional`'s
+/// handler takes the transaction if there is one; in lease mode `/wrong` is a route wired
+/// wrong: its handler asks for a transaction.
 async fn start(lease: bool) -> App {
     start_with(lease, |_| {}).await
 }
@@ -162,9 +172,14 @@ async fn start_with(lease: bool, adjust: impl FnOnce(&mut Policy)) -> App {
                 Layer::Transaction(layer) => {
                     routes.service(
                         web::resource("/work")
-                            .wrap(Idempotent::new(layer))
+                            .wrap(Idempotent::new(layer.clone()))
                             .route(web::post().to(tx_handler))
                             .route(web::get().to(|| async { "read" })),
+                    );
+                    routes.service(
+                        web::resource("/optional")
+                            .wrap(Idempotent::new(layer))
+                            .route(web::post().to(maybe_tx_handler)),
                     );
                 }
                 Layer::Lease(layer) => {
@@ -489,4 +504,43 @@ async fn a_client_hanging_up_does_not_cancel_the_work() {
     assert!(retry.replayed());
     assert_eq!(app.calls(), 1);
     assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+}
+
+#[actix_web::test]
+async fn an_outcome_release_set_by_the_handler_frees_the_key() {
+    let app = start(false).await;
+    let body = r#"{"sku":"R9"}"#;
+    for n in 1..=2 {
+        let answer = app
+            .send(app.post(Some("order-release-1"), body, &["x-release"]))
+            .await;
+        assert_eq!((answer.status, answer.replayed()), (201, false));
+        assert_eq!(app.calls(), n, "each request runs: nothing was stored");
+    }
+    assert_eq!(
+        app.count("SELECT COUNT(*) FROM effects").await,
+        0,
+        "rolled back"
+    );
+}
+
+/// `Option<Tx<T>>` is `None` for a keyless request the layer let through, so the handler can
+/// open its own transaction.
+#[actix_web::test]
+async fn an_optional_tx_is_none_for_a_keyless_request() {
+    let app = start_with(false, |p| p.require_key = false).await;
+    let url = app.url.replace("/work", "/optional");
+    for (key, expected) in [(None, "none"), (Some("optional-key-1"), "opened")] {
+        let mut request = app
+            .client
+            .post(&url)
+            .header("x-account", ACCOUNT)
+            .header("content-type", "application/json")
+            .body("{}");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let answer = app.send(request).await;
+        assert_eq!((answer.status, answer.body.as_str()), (200, expected));
+    }
 }
