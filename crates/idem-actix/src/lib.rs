@@ -98,7 +98,7 @@
 //!
 //! The middleware needs actix-web's runtime (`#[actix_web::main]`, `HttpServer`): each
 //! covered request runs in a local task of its own, so the work between the claim and the
-//! stored outcome runs to its end when the client hangs up.
+//! stored outcome runs to its end even if actix drops the request's future.
 #![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
 mod body;

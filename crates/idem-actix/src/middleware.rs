@@ -163,9 +163,10 @@ where
             let passed = self.service.call(request);
             return Box::pin(async move { Ok(passed.await?.map_into_left_body()) });
         }
-        // The guarded request runs in a local task of its own: actix drops a request's future
-        // when its client hangs up, and the work between the claim and the stored outcome
-        // must run to its end (docs/contract.md §2.7).
+        // The guarded request runs in a local task of its own, so the work between the claim
+        // and the stored outcome runs to its end (docs/contract.md §2.7) even if actix drops
+        // the request's future. (Its HTTP/1 dispatcher did not, when a client hung up, in
+        // 4.18; nothing in its API promises that.)
         let guarded =
             actix_web::rt::spawn(guard(self.layer.clone(), Rc::clone(&self.service), request));
         Box::pin(async move {
