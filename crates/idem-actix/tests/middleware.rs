@@ -12,7 +12,8 @@ use idem_actix::{IdempotencyLayer, Idempotent, LeaseMode, Outcome, TransactionMo
 use idem_core::{
     AccountId, Clock, DownstreamKey, IdempotencyKey, KeyLimits, Policy, Scope, SystemClock,
 };
-use idem_store::{SqliteStore, SqliteTx, Store};
+use idem_store::testing::PgTestDatabase;
+use idem_store::{PgStore, PgTx, SqliteStore, SqliteTx, Store};
 use reqwest::header::HeaderMap;
 use tokio::sync::{Notify, Semaphore};
 
@@ -115,22 +116,61 @@ async fn authenticate(
     next.call(request).await
 }
 
+async fn pg_tx_handler(
+    probe: web::Data<Probe>,
+    request: HttpRequest,
+    mut tx: Tx<PgTx>,
+    body: web::Bytes,
+) -> HttpResponse {
+    sqlx::query("INSERT INTO effects (n) VALUES (1)")
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+    probe.run(&request, &String::from_utf8_lossy(&body)).await
+}
+
 #[derive(Clone)]
 enum Layer {
     Transaction(IdempotencyLayer<TransactionMode<SqliteStore>>),
     Lease(IdempotencyLayer<LeaseMode<SqliteStore>>),
+    PgTransaction(IdempotencyLayer<TransactionMode<PgStore>>),
 }
 
-struct App {
+/// A server under test, over a store of type `St`.
+struct App<St = SqliteStore> {
     url: String,
     probe: Probe,
-    store: SqliteStore,
+    store: St,
     client: reqwest::Client,
     server: ServerHandle,
-    _dir: tempfile::TempDir,
+    /// The store's temporary directory or database, removed when the test ends.
+    _place: Box<dyn std::any::Any + Send + Sync>,
 }
 
-impl Drop for App {
+/// How a test counts the rows its store holds.
+trait Rows {
+    async fn count(&self, sql: &'static str) -> i64;
+}
+
+impl Rows for SqliteStore {
+    async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.readers())
+            .await
+            .unwrap()
+    }
+}
+
+impl Rows for PgStore {
+    async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(self.pool())
+            .await
+            .unwrap()
+    }
+}
+
+impl<St> Drop for App<St> {
     fn drop(&mut self) {
         // Stops the workers; the future it returns need not be awaited for that.
         drop(self.server.stop(false));
@@ -160,6 +200,23 @@ async fn start_with(lease: bool, adjust: impl FnOnce(&mut Policy)) -> App {
     } else {
         Layer::Transaction(IdempotencyLayer::transactional(store.clone()).with_policy(policy))
     };
+    serve(layer, store, Box::new(dir))
+}
+
+/// Serves `/work` in transaction mode over `PgStore`, in a database of the test's own.
+async fn start_pg() -> App<PgStore> {
+    let db = PgTestDatabase::create().await;
+    let store = db.store(10).await;
+    sqlx::query("CREATE TABLE effects (n INTEGER)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let layer = Layer::PgTransaction(IdempotencyLayer::transactional(store.clone()));
+    serve(layer, store, Box::new(db))
+}
+
+/// Serves the routes of `layer` on a loopback port, behind [`authenticate`].
+fn serve<St>(layer: Layer, store: St, place: Box<dyn std::any::Any + Send + Sync>) -> App<St> {
     let probe = Probe::new();
     let data = web::Data::new(probe.clone());
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -180,6 +237,13 @@ async fn start_with(lease: bool, adjust: impl FnOnce(&mut Policy)) -> App {
                         web::resource("/optional")
                             .wrap(Idempotent::new(layer))
                             .route(web::post().to(maybe_tx_handler)),
+                    );
+                }
+                Layer::PgTransaction(layer) => {
+                    routes.service(
+                        web::resource("/work")
+                            .wrap(Idempotent::new(layer))
+                            .route(web::post().to(pg_tx_handler)),
                     );
                 }
                 Layer::Lease(layer) => {
@@ -211,7 +275,7 @@ async fn start_with(lease: bool, adjust: impl FnOnce(&mut Policy)) -> App {
         store,
         client: reqwest::Client::new(),
         server: handle,
-        _dir: dir,
+        _place: place,
     }
 }
 
@@ -236,7 +300,7 @@ impl Answer {
     }
 }
 
-impl App {
+impl<St: Rows> App<St> {
     /// A JSON POST of `body` as [`ACCOUNT`], under `key` if there is one, with `marks` (the
     /// handler's `x-` steering headers) set.
     fn post(&self, key: Option<&str>, body: &str, marks: &[&str]) -> reqwest::RequestBuilder {
@@ -273,10 +337,7 @@ impl App {
     }
 
     async fn count(&self, sql: &'static str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(self.store.readers())
-            .await
-            .unwrap()
+        self.store.count(sql).await
     }
 }
 
@@ -543,4 +604,25 @@ async fn an_optional_tx_is_none_for_a_keyless_request() {
         let answer = app.send(request).await;
         assert_eq!((answer.status, answer.body.as_str()), (200, expected));
     }
+}
+
+/// Transaction mode on PostgreSQL, whose pool the actix workers share across their runtimes:
+/// concurrent copies make one effect, and a failed handler leaves neither its row nor its key.
+#[actix_web::test]
+async fn on_postgres_copies_make_one_effect_and_a_failure_leaves_nothing() {
+    let app = start_pg().await;
+    let copies = (0..8).map(|_| app.send_json("pg-order-0001", r#"{"sku":"P1"}"#));
+    let answers = futures_util::future::join_all(copies).await;
+    assert!(answers.iter().all(|a| a.status == 201), "all answered 201");
+    assert_eq!(answers.iter().filter(|a| !a.replayed()).count(), 1);
+    assert_eq!(app.calls(), 1);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+
+    let failed = app
+        .send(app.post(Some("pg-order-0002"), "{}", &["x-fail"]))
+        .await;
+    assert_eq!(failed.status, 500);
+    assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
+    let keys = "SELECT COUNT(*) FROM idempotency_keys";
+    assert_eq!(app.count(keys).await, 1, "only the first key");
 }
