@@ -193,6 +193,7 @@ where
 {
     let body = BridgeBody::of_payload(request.parts_mut().1.take());
     let Some(converted) = to_http(&request, body) else {
+        tracing::error!(uri = %request.uri(), "the request head does not convert to http 1");
         let answer = problem_response(&failed("the request head could not be read").0);
         return Ok(request.into_response(answer).map_into_right_body());
     };
@@ -201,7 +202,10 @@ where
     let (answer, request) = tokio::join!(decided, serve_handoff(handed, service, request));
     let answer = match answer {
         Ok(answer) => to_actix_response(answer),
-        Err(HandlerGone) => problem_response(&failed("the handler did not answer").0),
+        Err(HandlerGone) => {
+            tracing::error!("the actix side ended without answering the handoff");
+            problem_response(&failed("the handler did not answer").0)
+        }
     };
     match request {
         Left::Unused(request) => Ok(request.into_response(answer).map_into_right_body()),
