@@ -1,14 +1,18 @@
 //! The middleware on a real actix-web server on a loopback port, over real HTTP: replays,
 //! concurrent duplicates, rollbacks, refusals, and lease mode's downstream key.
 
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, HttpServer, web};
-use idem_actix::{IdempotencyLayer, Idempotent, LeaseMode, Outcome, TransactionMode, Tx};
+use idem_actix::{
+    IdempotencyLayer, Idempotent, LeaseMode, Outcome, OutcomeSignal, TransactionMode, Tx,
+};
 use idem_core::{
     AccountId, Clock, DownstreamKey, IdempotencyKey, KeyLimits, Policy, Scope, SystemClock,
 };
@@ -132,7 +136,7 @@ async fn pg_tx_handler(
 #[derive(Clone)]
 enum Layer {
     Transaction(IdempotencyLayer<TransactionMode<SqliteStore>>),
-    Lease(IdempotencyLayer<LeaseMode<SqliteStore>>),
+    Lease(Leased),
     PgTransaction(IdempotencyLayer<TransactionMode<PgStore>>),
 }
 
@@ -185,14 +189,20 @@ async fn start(lease: bool) -> App {
     start_with(lease, |_| {}).await
 }
 
-/// [`start`] with the policy `adjust` makes.
-async fn start_with(lease: bool, adjust: impl FnOnce(&mut Policy)) -> App {
+/// A SQLite store in a temporary directory, with the `effects` table the handlers write to.
+async fn sqlite_store() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("t.db")).await.unwrap();
     sqlx::query("CREATE TABLE effects (n INTEGER)")
         .execute(store.writer())
         .await
         .unwrap();
+    (store, dir)
+}
+
+/// [`start`] with the policy `adjust` makes.
+async fn start_with(lease: bool, adjust: impl FnOnce(&mut Policy)) -> App {
+    let (store, dir) = sqlite_store().await;
     let mut policy = Policy::default();
     adjust(&mut policy);
     let layer = if lease {
@@ -202,6 +212,15 @@ async fn start_with(lease: bool, adjust: impl FnOnce(&mut Policy)) -> App {
     };
     serve(layer, store, Box::new(dir))
 }
+
+/// Serves `/work` in lease mode, with the layer `adjust` makes.
+async fn start_leased(adjust: impl FnOnce(Leased) -> Leased) -> App {
+    let (store, dir) = sqlite_store().await;
+    let layer = Layer::Lease(adjust(IdempotencyLayer::leased(store.clone())));
+    serve(layer, store, Box::new(dir))
+}
+
+type Leased = IdempotencyLayer<LeaseMode<SqliteStore>>;
 
 /// Serves `/work` in transaction mode over `PgStore`, in a database of the test's own.
 async fn start_pg() -> App<PgStore> {
@@ -625,4 +644,74 @@ async fn on_postgres_copies_make_one_effect_and_a_failure_leaves_nothing() {
     assert_eq!(app.count("SELECT COUNT(*) FROM effects").await, 1);
     let keys = "SELECT COUNT(*) FROM idempotency_keys";
     assert_eq!(app.count(keys).await, 1, "only the first key");
+}
+
+/// A body over the limit is refused before anything runs, whether its length is declared or
+/// it comes in chunks through the pump.
+#[actix_web::test]
+async fn a_body_over_the_limit_is_413() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = start_with(false, |p| p.body_limit = 1024).await;
+    let declared = app
+        .send(app.post(Some("large-key-0001"), &"x".repeat(2000), &[]))
+        .await;
+    assert_eq!(declared.status, 413);
+    assert_eq!(declared.problem(), "urn:idem:problem:body-too-large");
+
+    let addr = app
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/work");
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let chunk = "x".repeat(600);
+    let request = format!(
+        "POST /work HTTP/1.1\r\nhost: x\r\nx-account: {ACCOUNT}\r\nidempotency-key: chunked-key-001\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n{len:x}\r\n{chunk}\r\n{len:x}\r\n{chunk}\r\n0\r\n\r\n",
+        len = chunk.len(),
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut reply = vec![0; 4096];
+    let n = socket.read(&mut reply).await.unwrap();
+    let reply = String::from_utf8_lossy(&reply[..n]);
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert!(reply.contains("urn:idem:problem:body-too-large"), "{reply}");
+    assert_eq!(app.calls(), 0);
+    assert_eq!(app.count("SELECT COUNT(*) FROM idempotency_keys").await, 0);
+}
+
+/// With an outcome wait, a copy that meets the original running waits for its outcome (woken
+/// by the signal, across the middleware's tasks) and replays it instead of getting `409`.
+#[actix_web::test]
+async fn with_an_outcome_wait_a_duplicate_waits_and_replays() {
+    let signal = OutcomeSignal::default();
+    let wait = signal.clone();
+    let app = Rc::new(start_leased(|l| l.with_outcome_wait(Duration::from_secs(10), wait)).await);
+    let body = r#"{"amount":7}"#;
+    let original = {
+        let app = app.clone();
+        actix_web::rt::spawn(async move {
+            app.send(app.post(Some("waiting-key-001"), body, &["x-gate"]))
+                .await
+        })
+    };
+    app.probe.entered.notified().await;
+    let duplicate = {
+        let app = app.clone();
+        actix_web::rt::spawn(async move { app.send_json("waiting-key-001", body).await })
+    };
+    // Release the original only once the duplicate is parked on the signal (without the wait
+    // it would have had its 409 at once).
+    let parked = tokio::time::Instant::now() + Duration::from_secs(5);
+    while signal.waiting() == 0 {
+        assert!(
+            tokio::time::Instant::now() < parked,
+            "the duplicate never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    app.probe.gate.add_permits(1);
+    let (original, duplicate) = (original.await.unwrap(), duplicate.await.unwrap());
+    assert_eq!((original.status, duplicate.status), (201, 201));
+    assert!(duplicate.replayed());
+    assert_eq!(duplicate.body, original.body);
+    assert_eq!(app.calls(), 1);
 }
