@@ -38,8 +38,8 @@ pub(crate) enum BridgeBody {
     Full(Option<Bytes>),
     Pumped {
         chunks: mpsc::Receiver<Result<Bytes, BridgeError>>,
-        /// The length the actix side declared, if it did.
-        len: Option<u64>,
+        /// What is left of the length the actix side declared, if it did.
+        left: Option<u64>,
     },
 }
 
@@ -66,7 +66,7 @@ impl BridgeBody {
                 }
             }
         });
-        Self::Pumped { chunks, len: None }
+        Self::Pumped { chunks, left: None }
     }
 
     /// A handler's response body. One already in memory crosses as it is; any other is
@@ -93,7 +93,7 @@ impl BridgeBody {
                 }
             }
         });
-        Self::Pumped { chunks, len }
+        Self::Pumped { chunks, left: len }
     }
 
     /// The body as an actix payload again, for the handler (a keyless request that passes
@@ -125,9 +125,15 @@ impl Body for BridgeBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BridgeError>>> {
         match self.get_mut() {
             Self::Full(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
-            Self::Pumped { chunks, .. } => chunks
-                .poll_recv(cx)
-                .map(|chunk| chunk.map(|c| c.map(Frame::data))),
+            Self::Pumped { chunks, left } => {
+                let chunk = ready!(chunks.poll_recv(cx));
+                // The hint is of what is left: the layer reads the first bytes of a response
+                // over the storage cap and hands the rest on with its hint.
+                if let (Some(left), Some(Ok(chunk))) = (left.as_mut(), &chunk) {
+                    *left = left.saturating_sub(chunk.len() as u64);
+                }
+                Poll::Ready(chunk.map(|c| c.map(Frame::data)))
+            }
         }
     }
 
@@ -138,8 +144,10 @@ impl Body for BridgeBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             Self::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
-            Self::Pumped { len: Some(len), .. } => SizeHint::with_exact(*len),
-            Self::Pumped { len: None, .. } => SizeHint::new(),
+            Self::Pumped {
+                left: Some(left), ..
+            } => SizeHint::with_exact(*left),
+            Self::Pumped { left: None, .. } => SizeHint::new(),
         }
     }
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use actix_web::body::MessageBody;
+use std::convert::Infallible;
+
+use actix_web::body::{BodyStream, MessageBody, SizedStream};
 use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse, HttpServer, web};
@@ -60,10 +62,20 @@ impl Probe {
             Some(len) => "b".repeat(len),
             None => format!("call {n}: {said}"),
         };
-        let mut response = HttpResponse::Created()
+        let mut response = HttpResponse::Created();
+        response
             .insert_header(("location", format!("/work/{n}")))
-            .content_type("text/plain")
-            .body(body);
+            .content_type("text/plain");
+        // `x-stream: sized` or `unsized`: the body comes as a stream of ten chunks, with its
+        // length declared or not.
+        let chunks = body.as_bytes().chunks(body.len().div_ceil(10).max(1));
+        let chunks: Vec<_> = chunks.map(web::Bytes::copy_from_slice).collect();
+        let stream = futures_util::stream::iter(chunks.into_iter().map(Ok::<_, Infallible>));
+        let mut response = match request.headers().get("x-stream").map(|v| v.as_bytes()) {
+            Some(b"sized") => response.body(SizedStream::new(body.len() as u64, stream)),
+            Some(_) => response.body(BodyStream::new(stream)),
+            None => response.body(body),
+        };
         if marked("x-release") {
             response.extensions_mut().insert(Outcome::Release);
         }
@@ -714,4 +726,32 @@ async fn with_an_outcome_wait_a_duplicate_waits_and_replays() {
     assert!(duplicate.replayed());
     assert_eq!(duplicate.body, original.body);
     assert_eq!(app.calls(), 1);
+}
+
+/// A handler's body that streams, with its length declared or not, crosses whole: stored and
+/// replayed within the storage cap, passed on with its length past it.
+#[actix_web::test]
+async fn streamed_bodies_cross_whole_within_and_past_the_cap() {
+    let app = start_with(false, |p| p.storage_cap = 100).await;
+    for (n, stream) in ["sized", "unsized"].into_iter().enumerate() {
+        for (len, stored) in [(50, true), (100_000, false)] {
+            let key = format!("stream-key-{n}-{len}");
+            let request = || {
+                app.post(Some(&key), "{}", &[])
+                    .header("x-stream", stream)
+                    .header("x-len", len.to_string())
+            };
+            let first = app.send(request()).await;
+            assert_eq!((first.status, first.body.len()), (201, len), "{stream}");
+            if stream == "sized" {
+                let declared = first.headers.get("content-length");
+                assert_eq!(declared.unwrap(), &len.to_string(), "{stream} {len}");
+            }
+            let again = app.send(request()).await;
+            assert!(again.replayed());
+            let body = if stored { first.body.as_str() } else { "" };
+            assert_eq!(again.body, body, "{stream} {len}");
+        }
+    }
+    assert_eq!(app.calls(), 4);
 }
