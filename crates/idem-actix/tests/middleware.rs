@@ -87,8 +87,13 @@ async fn tx_handler(
     probe: web::Data<Probe>,
     request: HttpRequest,
     mut tx: Tx<SqliteTx>,
+    scope: web::ReqData<Scope>,
     body: web::Bytes,
 ) -> HttpResponse {
+    // The scope the layer filed the request under crossed over too.
+    let key = request.headers().get("idempotency-key").unwrap();
+    assert_eq!(scope.key.as_str().as_bytes(), key.as_bytes());
+    assert_eq!(scope.account, AccountId::new(ACCOUNT));
     sqlx::query("INSERT INTO effects (n) VALUES (1)")
         .execute(&mut **tx)
         .await
