@@ -27,7 +27,8 @@
 //! standby when its URL names both), [`TokioPgStore`] (feature `tokio-postgres`: transaction
 //! mode on PostgreSQL through a client that pipelines, three round trips for a first request
 //! where `PgStore` takes eight; what `idem serve` runs on) and [`RedisStore`] (feature `redis`,
-//! lease mode only: the gateway's).
+//! lease mode only: the gateway's). [`MemoryStore`], always compiled, keeps records in this
+//! process's memory for tests and quickstarts (lease mode only).
 //!
 //! ```
 //! use idem_core::*;
@@ -67,6 +68,7 @@ use idem_core::{
 };
 
 mod error;
+mod memory;
 mod notify;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -90,6 +92,7 @@ pub mod testing;
 pub mod watched;
 
 pub use error::{Error, Result, is_unavailable};
+pub use memory::MemoryStore;
 pub use notify::{OUTCOME_POLL, OutcomeChannel};
 #[cfg(feature = "postgres")]
 pub use postgres::{MigrationError, NoPrimary, PgStore, PgTx, PgUrlError, migrate_pg};
@@ -303,7 +306,6 @@ pub struct RecordFilter {
     pub limit: u32,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 impl RecordFilter {
     /// The limit every backend applies: the `limit` field, or 100 when it is zero.
     fn limit(&self) -> i64 {
@@ -314,7 +316,8 @@ impl RecordFilter {
         }
     }
 
-    /// The state the filter asks for, as every backend stores it.
+    /// The state the filter asks for, as every SQL and Redis backend stores it.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
     fn state(&self) -> Option<&'static str> {
         self.in_progress
             .map(|p| if p { "in_progress" } else { "completed" })
