@@ -30,6 +30,14 @@
 //! lease mode only: the gateway's). [`MemoryStore`], always compiled, keeps records in this
 //! process's memory for tests and quickstarts (lease mode only).
 //!
+//! # Your database client, and ours
+//!
+//! The transaction types a handler writes through are the database client's own types:
+//! [`SqliteTx`] and [`PgTx`] are sqlx's, [`TokioPgTx`] is tokio-postgres's. An app that writes
+//! through them must use the same version of that client as idem-store does, or its queries
+//! will not accept them; [`sqlx`] and [`tokio_postgres`] are re-exported here for that, so
+//! `idem_store::sqlx::query(..)` always fits.
+//!
 //! ```
 //! use idem_core::*;
 //! use idem_store::{ClaimOutcome, NewClaim, SqliteStore, Store};
@@ -103,6 +111,16 @@ pub use shared_secret::{Shared, SharedSecret};
 pub use sqlite::{GroupCommitFailed, SqliteStore, SqliteTx};
 #[cfg(feature = "tokio-postgres")]
 pub use tokio_pg::{DEFAULT_POOL_SIZE, TokioPgClient, TokioPgStore, TokioPgTx};
+
+/// The sqlx this crate is built on. [`SqliteTx`] and [`PgTx`] are sqlx's own types (they
+/// dereference to its connections), so an app that writes through them must use this sqlx, or
+/// the same version of it: `idem_store::sqlx::query(..)`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlx;
+/// The tokio-postgres this crate is built on. [`TokioPgTx`] holds its client, so an app that
+/// writes through it must use this tokio-postgres, or the same version of it.
+#[cfg(feature = "tokio-postgres")]
+pub use tokio_postgres;
 
 /// A request to claim a key.
 #[derive(Debug, Clone)]
