@@ -16,7 +16,7 @@ use idem_core::{
 };
 use idem_store::watched::WatchedStore;
 use idem_store::{MemoryStore, OutcomeChannel, SqliteStore, SqliteTx};
-use idem_tower::{IdempotencyLayer, Outcome, Tx, Unidentified};
+use idem_tower::{Downstream, IdempotencyLayer, Outcome, Tx, Unidentified};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
@@ -1300,4 +1300,46 @@ async fn a_listener_that_cannot_start_is_a_store_outage_then_retried() {
         .unwrap();
     assert_eq!((status, replay), (201, false));
     assert_eq!(store.failing_listens.load(Ordering::SeqCst), 0);
+}
+
+async fn downstream_handler(Downstream(key): Downstream) -> String {
+    key.to_string()
+}
+
+/// A lease-mode handler takes the request's downstream key in one line (`Downstream`): the
+/// same key for the request's replay, derived from its scope and fingerprint. Outside lease
+/// mode the extractor refuses with `500 no-downstream-key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_extracts_the_downstream_key_in_lease_mode_only() {
+    let leased = Router::new()
+        .route("/work", routing::post(downstream_handler))
+        .layer(IdempotencyLayer::leased(MemoryStore::new()));
+    let url = serve(leased).await;
+    let body = r#"{"amount": 100}"#;
+    let (status, replay, first) = spawn_post(&url, "downstream-01", body).await.unwrap();
+    assert_eq!((status, replay), (200, false));
+    let fingerprint = idem_core::Fingerprint::compute(&idem_core::RequestParts {
+        account: ACCOUNT,
+        method: "POST",
+        route: "/work",
+        query: "",
+        content_type: "application/json",
+        body: body.as_bytes(),
+    })
+    .unwrap();
+    let expected = idem_core::DownstreamKey::new(&test_scope(b"downstream-01"), &fingerprint);
+    assert_eq!(first, expected.as_str());
+    let (_, replay, again) = spawn_post(&url, "downstream-01", body).await.unwrap();
+    assert!(replay);
+    assert_eq!(again, first);
+
+    let (store, _dir) = sqlite_store().await;
+    let transactional = Router::new()
+        .route("/work", routing::post(downstream_handler))
+        .layer(IdempotencyLayer::transactional(store));
+    let url = serve(transactional).await;
+    let (status, _, refused) = spawn_post(&url, "downstream-02", body).await.unwrap();
+    assert_eq!(status, 500);
+    let problem: serde_json::Value = serde_json::from_slice(&refused).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:no-downstream-key");
 }
