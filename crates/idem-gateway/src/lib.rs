@@ -423,7 +423,7 @@ fn with_in_flight<St: Store>(
 ) -> IdempotencyLayer<LeaseMode<St>> {
     match rule {
         InFlight::Refuse => layer,
-        InFlight::Wait(max) => layer.with_outcome_wait(max, signal.clone()),
+        InFlight::Wait(max) => layer.with_outcome_signal(max, signal.clone()),
     }
 }
 

@@ -4,7 +4,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use idem_store::OutcomeChannel;
@@ -100,14 +99,11 @@ impl fmt::Display for InFlight {
     }
 }
 
-/// The signal that wakes duplicates waiting on any gateway that shares `store`.
-///
-/// Each outcome this gateway stores is published through the store, in a task of its own so
-/// that the request never waits for it (a failure is logged: waiters elsewhere then wait out
-/// their bound). A listener, started before this returns and running for as long as the
-/// runtime does, wakes this gateway's waiters whenever any gateway published. Where the store
-/// cannot hear what others publish ([`OutcomeChannel::outcome_poll`]: PostgreSQL behind a
-/// pooler, without a notify URL), every waiter looks at the store again that often instead.
+/// The signal that wakes duplicates waiting on any gateway that shares `store`:
+/// [`OutcomeSignal::for_store`], the same wiring a layer's
+/// [`with_outcome_wait`](idem_tower::IdempotencyLayer::with_outcome_wait) makes by itself. The
+/// gateway makes it once and hands it to every route's layer, so its routes share one
+/// listener.
 ///
 /// # Errors
 ///
@@ -116,34 +112,7 @@ impl fmt::Display for InFlight {
 pub async fn outcome_signal<St: OutcomeChannel>(
     store: &St,
 ) -> Result<OutcomeSignal, idem_store::Error> {
-    let publisher = store.clone();
-    let signal = OutcomeSignal::with_publisher(move |label| {
-        let (store, label) = (publisher.clone(), label.to_owned());
-        tokio::spawn(async move {
-            if let Err(e) = store.publish_outcome(&label).await {
-                tracing::warn!(error = &e as &dyn std::error::Error, key = %label, "could not publish an outcome wake-up");
-            }
-        });
-    });
-    let relay = signal.clone();
-    // Detached: the listener serves the signal for the process's life.
-    let _listener = store
-        .listen_outcomes(Arc::new(move |label: &str| relay.wake_local(label)))
-        .await?;
-    if let Some(every) = store.outcome_poll() {
-        // Nothing published elsewhere can be heard (the store said so in the log): waiters look
-        // at the store again every so often instead. Detached, as the listener.
-        let polled = signal.clone();
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                polled.wake_all_local();
-            }
-        });
-    }
-    Ok(signal)
+    OutcomeSignal::for_store(store).await
 }
 
 #[cfg(test)]

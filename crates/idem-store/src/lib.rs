@@ -27,7 +27,16 @@
 //! standby when its URL names both), [`TokioPgStore`] (feature `tokio-postgres`: transaction
 //! mode on PostgreSQL through a client that pipelines, three round trips for a first request
 //! where `PgStore` takes eight; what `idem serve` runs on) and [`RedisStore`] (feature `redis`,
-//! lease mode only: the gateway's).
+//! lease mode only: the gateway's). [`MemoryStore`], always compiled, keeps records in this
+//! process's memory for tests and quickstarts (lease mode only).
+//!
+//! # Your database client, and ours
+//!
+//! The transaction types a handler writes through are the database client's own types:
+//! [`SqliteTx`] and [`PgTx`] are sqlx's, [`TokioPgTx`] is tokio-postgres's. An app that writes
+//! through them must use the same version of that client as idem-store does, or its queries
+//! will not accept them; [`sqlx`] and [`tokio_postgres`] are re-exported here for that, so
+//! `idem_store::sqlx::query(..)` always fits.
 //!
 //! ```
 //! use idem_core::*;
@@ -67,6 +76,7 @@ use idem_core::{
 };
 
 mod error;
+mod memory;
 mod notify;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -90,6 +100,7 @@ pub mod testing;
 pub mod watched;
 
 pub use error::{Error, Result, is_unavailable};
+pub use memory::MemoryStore;
 pub use notify::{OUTCOME_POLL, OutcomeChannel};
 #[cfg(feature = "postgres")]
 pub use postgres::{MigrationError, NoPrimary, PgStore, PgTx, PgUrlError, migrate_pg};
@@ -100,6 +111,16 @@ pub use shared_secret::{Shared, SharedSecret};
 pub use sqlite::{GroupCommitFailed, SqliteStore, SqliteTx};
 #[cfg(feature = "tokio-postgres")]
 pub use tokio_pg::{DEFAULT_POOL_SIZE, TokioPgClient, TokioPgStore, TokioPgTx};
+
+/// The sqlx this crate is built on. [`SqliteTx`] and [`PgTx`] are sqlx's own types (they
+/// dereference to its connections), so an app that writes through them must use this sqlx, or
+/// the same version of it: `idem_store::sqlx::query(..)`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sqlx;
+/// The tokio-postgres this crate is built on. [`TokioPgTx`] holds its client, so an app that
+/// writes through it must use this tokio-postgres, or the same version of it.
+#[cfg(feature = "tokio-postgres")]
+pub use tokio_postgres;
 
 /// A request to claim a key.
 #[derive(Debug, Clone)]
@@ -303,7 +324,6 @@ pub struct RecordFilter {
     pub limit: u32,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 impl RecordFilter {
     /// The limit every backend applies: the `limit` field, or 100 when it is zero.
     fn limit(&self) -> i64 {
@@ -314,7 +334,8 @@ impl RecordFilter {
         }
     }
 
-    /// The state the filter asks for, as every backend stores it.
+    /// The state the filter asks for, as every SQL and Redis backend stores it.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
     fn state(&self) -> Option<&'static str> {
         self.in_progress
             .map(|p| if p { "in_progress" } else { "completed" })

@@ -15,8 +15,8 @@ use crate::{
 
 /// `inner`, watched: each [`get`](Store::get) is counted in `reads`, each
 /// [`sweep`](Store::sweep) in `sweeps`; each claim that finds its key in progress is reported
-/// on `in_progress_claims`, if set; the next `failing_completes` completions fail as an
-/// unreachable store's would.
+/// on `in_progress_claims`, if set; the next `failing_completes` completions and
+/// `failing_listens` listeners fail as an unreachable store's would.
 #[derive(Clone, Debug)]
 pub struct WatchedStore<S> {
     /// The store every call goes to.
@@ -27,6 +27,9 @@ pub struct WatchedStore<S> {
     pub sweeps: Arc<AtomicUsize>,
     /// How many of the next completions fail with [`Error::Unavailable`].
     pub failing_completes: Arc<AtomicUsize>,
+    /// How many of the next [`OutcomeChannel::listen_outcomes`] fail with
+    /// [`Error::Unavailable`].
+    pub failing_listens: Arc<AtomicUsize>,
     /// Told once for each claim that found its key held by another request.
     pub in_progress_claims: Option<mpsc::UnboundedSender<()>>,
     /// What [`Store::claim_answers_like_a_read`] and
@@ -42,10 +45,24 @@ impl<S: Store> WatchedStore<S> {
             reads: Arc::default(),
             sweeps: Arc::default(),
             failing_completes: Arc::default(),
+            failing_listens: Arc::default(),
             in_progress_claims: None,
             claims_like_reads: None,
         }
     }
+}
+
+/// Takes one from `count` if it is above zero; whether it did.
+fn take_one(count: &AtomicUsize) -> bool {
+    count
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+/// What an unreachable store answers.
+fn refused() -> Error {
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    Error::Unavailable(Box::new(refused))
 }
 
 impl<S: Store> Store for WatchedStore<S> {
@@ -72,13 +89,8 @@ impl<S: Store> Store for WatchedStore<S> {
         response: &StoredResponse,
         now: Timestamp,
     ) -> Result<bool> {
-        let fail = self
-            .failing_completes
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-            return Err(Error::Unavailable(Box::new(refused)));
+        if take_one(&self.failing_completes) {
+            return Err(refused());
         }
         self.inner.complete(scope, token, response, now).await
     }
@@ -144,6 +156,13 @@ impl<S: OutcomeChannel> OutcomeChannel for WatchedStore<S> {
         &self,
         wake: Arc<dyn Fn(&str) + Send + Sync>,
     ) -> Result<JoinHandle<()>> {
+        if take_one(&self.failing_listens) {
+            return Err(refused());
+        }
         self.inner.listen_outcomes(wake).await
+    }
+
+    fn outcome_poll(&self) -> Option<Duration> {
+        self.inner.outcome_poll()
     }
 }

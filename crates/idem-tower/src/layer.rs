@@ -18,16 +18,17 @@ use idem_core::{
     AccountId, Clock, Decision, ErrorDialect, Fingerprint, IdempotencyKey, KeyError, Policy,
     RequestParts, Scope, SystemClock, Timestamp, decide,
 };
-use idem_store::{Store, TransactionalStore};
+use idem_store::{OutcomeChannel, Store, TransactionalStore};
 use tower::{Layer, Service};
 
 use crate::body::ResponseBody;
 use crate::claim::Claim;
 use crate::grpc::{self, GrpcMethods};
-use crate::mode::{LeaseMode, Mode, TransactionMode};
+use crate::mode::{LeaseMode, Mode, OutcomeWait, TransactionMode};
 use crate::rebuild::RebuildBody;
 use crate::response::{MadeBody, Refusal, Refused, Served, answer, store_unavailable};
 use crate::section::{Panicked, Section};
+use crate::signal::LazyListener;
 use crate::sweep::{DEFAULT_SWEEP_EVERY, Sweeper};
 use crate::{OutcomeSignal, Reconciliation};
 
@@ -399,11 +400,27 @@ impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
         Self::with_mode(LeaseMode::new(store))
     }
 
-    /// Lets a duplicate wait up to `max` for the original's outcome, woken by `signal` (not by
-    /// polling), instead of taking `409` at once. Past `max` it gets the `409`.
-    pub fn with_outcome_wait(mut self, max: Duration, signal: OutcomeSignal) -> Self {
-        self.mode.wait = Some((max, signal));
+    /// [`with_outcome_wait`](Self::with_outcome_wait) with a signal of the caller's, for a
+    /// store that is no [`OutcomeChannel`] or a signal shared with other layers: a duplicate
+    /// waits up to `max` for the original's outcome, woken by `signal` (not by polling),
+    /// instead of taking `409` at once. Past `max` it gets the `409`. This layer wakes
+    /// `signal` when it stores an outcome; waking it for outcomes stored elsewhere (other
+    /// processes, a reconciler) is the caller's part ([`OutcomeSignal::for_store`] does it
+    /// through the store).
+    pub fn with_outcome_signal(mut self, max: Duration, signal: OutcomeSignal) -> Self {
+        self.mode.wait = Some(OutcomeWait {
+            max,
+            signal,
+            listener: None,
+        });
         self
+    }
+
+    /// The signal that wakes this layer's waiting duplicates, if they wait
+    /// ([`with_outcome_wait`](Self::with_outcome_wait)): for a reconciler of the app's own
+    /// that resolves an outcome and wakes them ([`OutcomeSignal::wake`]).
+    pub fn outcome_signal(&self) -> Option<&OutcomeSignal> {
+        self.mode.wait.as_ref().map(|wait| &wait.signal)
     }
 
     /// Never takes over a claim whose lease ran out: retries get `409` until a reconciler
@@ -418,13 +435,48 @@ impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
     /// layer ends the record's lease at once and asks for a pass instead of letting the lease
     /// run out; the handler's answer and every duplicate's `409 outcome-unknown` carry a
     /// `Retry-After` that points just past that pass. With [`with_outcome_wait`], duplicates
-    /// also wait for the reconciler's verdict.
+    /// also wait for the reconciler's verdict: the reconciler wakes them by the key's label
+    /// through [`outcome_signal`](Self::outcome_signal), which also tells the other processes
+    /// on the store.
     ///
     /// [`Outcome::Unknown`]: crate::Outcome::Unknown
     /// [`with_outcome_wait`]: Self::with_outcome_wait
     pub fn with_reconciliation(mut self, schedule: Reconciliation) -> Self {
         self.mode.reconciliation = Some(schedule);
         self
+    }
+}
+
+impl<St: OutcomeChannel> IdempotencyLayer<LeaseMode<St>> {
+    /// Lets a duplicate wait up to `max` for the original's outcome instead of taking `409` at
+    /// once; past `max` it gets the `409`. It is woken when the outcome is stored, never by
+    /// polling the store: by this process directly, and through the store's own notification
+    /// ([`OutcomeChannel`]) when another process sharing the store stores it (or, where the
+    /// store cannot tell, by looking again every [`OutcomeChannel::outcome_poll`]).
+    ///
+    /// The store's listener starts with the layer's first request, inside the runtime, before
+    /// that request looks at the store; if it cannot start, within a few seconds, the request
+    /// is answered `503 store-unavailable` (logged) and the next one tries again. It ends with
+    /// the last clone of the layer. To share one signal among several layers, or to bring
+    /// your own, use [`with_outcome_signal`](Self::with_outcome_signal).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_store::MemoryStore;
+    /// use idem_tower::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::leased(MemoryStore::new())
+    ///     .with_outcome_wait(Duration::from_secs(10));
+    /// # let _ = layer;
+    /// ```
+    pub fn with_outcome_wait(self, max: Duration) -> Self {
+        let signal = OutcomeSignal::publishing_to(self.mode.store());
+        let listener = Arc::new(LazyListener::new(self.mode.store(), &signal));
+        let mut layer = self.with_outcome_signal(max, signal);
+        if let Some(wait) = &mut layer.mode.wait {
+            wait.listener = Some(listener);
+        }
+        layer
     }
 }
 
@@ -648,6 +700,11 @@ where
         },
     };
     let scope = Scope::new(account, key);
+    layer
+        .mode
+        .ready()
+        .await
+        .map_err(|e| store_unavailable(&e))?;
     let now = layer.clock.now();
     if layer.replay_read {
         replay_read(layer.mode.store(), &scope, &fingerprint, now).await?;

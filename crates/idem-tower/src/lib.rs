@@ -8,7 +8,7 @@
 //!
 //! The handler finds the request's [`idem_core::Scope`] (account and key) among the request
 //! extensions; in lease mode also the [`idem_core::DownstreamKey`] to pass to the system it
-//! calls (axum: `Extension<DownstreamKey>`), the same for every retry and takeover of the
+//! calls (axum: the [`Downstream`] extractor), the same for every retry and takeover of the
 //! request, so a downstream that dedupes by it acts once.
 //!
 //! Responses come back as [`ResponseBody`]: the handler's own body, streamed, for requests the
@@ -88,6 +88,7 @@
 
 mod body;
 mod claim;
+mod downstream;
 mod grpc;
 mod layer;
 mod mode;
@@ -104,6 +105,7 @@ mod tx;
 mod extract;
 
 pub use body::ResponseBody;
+pub use downstream::{Downstream, NoDownstreamKey};
 pub use layer::{Idempotency, IdempotencyLayer, ResponseFuture, Unidentified};
 pub use mode::{LeaseMode, Mode, TransactionMode};
 pub use outcome::Outcome;

@@ -20,6 +20,7 @@ use crate::response::{
     ErrorChain, MadeBody, Refusal, Served, retry_after_value, settle, store_unavailable,
 };
 use crate::section::{Panicked, catch_panic};
+use crate::signal::LazyListener;
 use crate::{Outcome, OutcomeSignal, Reconciliation};
 
 /// How the layer makes a key's claim and its work atomic: [`TransactionMode`] or
@@ -40,6 +41,10 @@ pub(crate) mod sealed {
         /// Whether this mode's claim answers a key that is taken as cheaply as a read would,
         /// so that reading before the claim only slows first requests.
         fn claim_answers_like_a_read(&self) -> bool;
+
+        /// Makes what the mode needs besides the store ready, before a request looks at the
+        /// store: lease mode's outcome listener, started by the layer's first request.
+        fn ready(&self) -> impl Future<Output = idem_store::Result<()>> + Send;
 
         /// Claims the key, runs `inner`, and stores the outcome. Runs in its own task.
         fn run<S, ReqBody, ResBody>(
@@ -68,6 +73,7 @@ pub struct TransactionMode<St>(St);
 ///
 /// Its settings are made by the layer's setters
 /// ([`with_outcome_wait`](crate::IdempotencyLayer::with_outcome_wait),
+/// [`with_outcome_signal`](crate::IdempotencyLayer::with_outcome_signal),
 /// [`without_takeover`](crate::IdempotencyLayer::without_takeover),
 /// [`with_reconciliation`](crate::IdempotencyLayer::with_reconciliation)).
 #[derive(Debug, Clone)]
@@ -76,8 +82,21 @@ pub struct LeaseMode<St> {
     // allocate (Redis's holds its clients and key names).
     store: Arc<St>,
     pub(crate) take_over: bool,
-    pub(crate) wait: Option<(Duration, OutcomeSignal)>,
+    pub(crate) wait: Option<OutcomeWait>,
     pub(crate) reconciliation: Option<Reconciliation>,
+}
+
+/// How duplicates wait for an outcome in lease mode.
+#[derive(Debug, Clone)]
+pub(crate) struct OutcomeWait {
+    /// The longest wait.
+    pub(crate) max: Duration,
+    /// What wakes the waiters.
+    pub(crate) signal: OutcomeSignal,
+    /// The store's listener that feeds `signal`, when the layer wired it itself
+    /// ([`with_outcome_wait`](crate::IdempotencyLayer::with_outcome_wait)); `None` when the
+    /// caller's signal is fed by the caller.
+    pub(crate) listener: Option<Arc<LazyListener>>,
 }
 
 impl<St: TransactionalStore> TransactionMode<St> {
@@ -114,6 +133,10 @@ impl<St: TransactionalStore> Mode for TransactionMode<St> {
 impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
     fn claim_answers_like_a_read(&self) -> bool {
         self.0.begin_claim_answers_like_a_read()
+    }
+
+    async fn ready(&self) -> idem_store::Result<()> {
+        Ok(())
     }
 
     async fn run<S, ReqBody, ResBody>(
@@ -249,6 +272,15 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
         self.store.claim_answers_like_a_read()
     }
 
+    async fn ready(&self) -> idem_store::Result<()> {
+        // Listening from before the request's first look at the store, so that no outcome
+        // published while it waits goes unheard.
+        match self.wait.as_ref().and_then(|wait| wait.listener.as_ref()) {
+            Some(listener) => listener.ensure_started().await,
+            None => Ok(()),
+        }
+    }
+
     async fn run<S, ReqBody, ResBody>(
         self,
         mut claim: Claim,
@@ -307,7 +339,7 @@ impl<St: Store> LeaseMode<St> {
         let deadline = self
             .wait
             .as_ref()
-            .map(|(max, _)| tokio::time::Instant::now() + *max);
+            .map(|wait| tokio::time::Instant::now() + wait.max);
         // Waiters are found by the key's label, a hash: made only where there are any.
         let label = self.wait.as_ref().map(|_| claim.scope().log_label());
         let label = label.as_deref().unwrap_or_default();
@@ -317,7 +349,7 @@ impl<St: Store> LeaseMode<St> {
             let now = claim.clock.now();
             claim.restamp(now);
             // Listen before claiming, so an outcome stored in between still wakes us.
-            let mut woken = self.wait.as_ref().map(|(_, signal)| signal.listen(label));
+            let mut woken = self.wait.as_ref().map(|wait| wait.signal.listen(label));
             let record = match self.store.claim(&claim.new_claim).await {
                 Ok(ClaimOutcome::Claimed) => {
                     drop(woken);
@@ -414,9 +446,9 @@ impl<St: Store> LeaseMode<St> {
         // store wakes them itself).
         if outcome != Outcome::Unknown
             && matches!(stored_ok, Ok(true))
-            && let Some((_, signal)) = &self.wait
+            && let Some(wait) = &self.wait
         {
-            signal.wake(&claim.scope().log_label());
+            wait.signal.wake(&claim.scope().log_label());
         }
         match stored_ok {
             Ok(true) => {}
@@ -428,7 +460,7 @@ impl<St: Store> LeaseMode<St> {
             // Keep trying to store it while the claim still holds.
             Err(e) if outcome == Outcome::Store => {
                 tracing::warn!(error = %ErrorChain(&e), key = %claim.scope().log_label(), "storing the outcome failed; retrying while the claim holds");
-                let signal = self.wait.map(|(_, signal)| signal);
+                let signal = self.wait.map(|wait| wait.signal);
                 let store = St::clone(&self.store);
                 tokio::spawn(store_outcome_later(store, claim, stored, signal));
             }
@@ -449,8 +481,8 @@ impl<St: Store> LeaseMode<St> {
         if self.take_over {
             match self.store.release(claim.scope(), claim.token()).await {
                 Ok(true) => {
-                    if let Some((_, signal)) = &self.wait {
-                        signal.wake(&claim.scope().log_label());
+                    if let Some(wait) = &self.wait {
+                        wait.signal.wake(&claim.scope().log_label());
                     }
                 }
                 Ok(false) => {}
@@ -480,8 +512,8 @@ impl<St: Store> LeaseMode<St> {
     /// Drops the wait entry for `label` when nobody listens on it any more (without a wait,
     /// there are no entries).
     fn forget_waiters(&self, label: &str) {
-        if let Some((_, signal)) = &self.wait {
-            signal.forget_if_unused(label);
+        if let Some(wait) = &self.wait {
+            wait.signal.forget_if_unused(label);
         }
     }
 }

@@ -15,8 +15,8 @@ use idem_core::{
     AccountId, Clock, IdempotencyKey, KeyLimits, ManualClock, Policy, Record, Scope, Timestamp,
 };
 use idem_store::watched::WatchedStore;
-use idem_store::{SqliteStore, SqliteTx};
-use idem_tower::{IdempotencyLayer, Outcome, Tx, Unidentified};
+use idem_store::{MemoryStore, OutcomeChannel, SqliteStore, SqliteTx};
+use idem_tower::{Downstream, IdempotencyLayer, Outcome, Tx, Unidentified};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinHandle;
@@ -209,7 +209,7 @@ async fn start(kind: Kind, adjust: impl FnOnce(&mut Policy)) -> App {
                 layer = layer.with_reconciliation(schedule.clone());
             }
             if let Kind::LeaseWaiting(max) = kind {
-                layer = layer.with_outcome_wait(max, signal.clone());
+                layer = layer.with_outcome_signal(max, signal.clone());
             }
             let layer = layer.with_policy(policy).with_clock(clock.clone());
             Router::new()
@@ -919,7 +919,7 @@ async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
         .route("/work", routing::post(lease_handler))
         .layer(
             IdempotencyLayer::leased(store.clone())
-                .with_outcome_wait(Duration::from_secs(5), signal.clone()),
+                .with_outcome_signal(Duration::from_secs(5), signal.clone()),
         )
         .with_state(handler.clone());
     let url = serve(router).await;
@@ -1182,4 +1182,164 @@ async fn the_layer_sweeps_expired_records_unless_told_not_to() {
         record(&idle_store).await.is_some(),
         "swept without a sweeper"
     );
+}
+
+/// A lease-mode router over `store` whose duplicates wait up to 10 s, wired in one call
+/// ([`IdempotencyLayer::with_outcome_wait`]); served on its own port.
+async fn serve_waiting<St: OutcomeChannel>(store: St, handler: &Handler) -> String {
+    let router = Router::new()
+        .route("/work", routing::post(lease_handler))
+        .layer(IdempotencyLayer::leased(store).with_outcome_wait(Duration::from_secs(10)))
+        .with_state(handler.clone());
+    serve(router).await
+}
+
+/// Sends `body` under `key` to `url` from a task; its status, whether it replayed, its body.
+fn spawn_post(url: &str, key: &'static str, body: &'static str) -> JoinHandle<(u16, bool, Bytes)> {
+    let url = url.to_owned();
+    tokio::spawn(async move {
+        let response = post(&reqwest::Client::new(), &url, Some(key), body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let replay = replayed(response.headers());
+        (status, replay, response.bytes().await.unwrap())
+    })
+}
+
+/// The original goes to `original_url` and is held in its handler; a duplicate goes to
+/// `duplicate_url` once it is; the original is let go once the duplicate's claim has found it
+/// in progress (so the duplicate waits: it listens before it claims). The duplicate must get
+/// the original's answer as a replay, not `409`, and the work must run once.
+async fn a_duplicate_waits_and_replays(
+    told: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+    handler: &Handler,
+    original_url: &str,
+    duplicate_url: &str,
+    key: &'static str,
+) {
+    let original = spawn_post(original_url, key, GATE);
+    handler.entered.notified().await;
+    let duplicate = spawn_post(duplicate_url, key, GATE);
+    tokio::time::timeout(Duration::from_secs(10), told.recv())
+        .await
+        .expect("the duplicate's claim within 10 s")
+        .expect("the store is alive");
+    handler.gate.add_permits(1);
+    let (status, replay, body) = original.await.unwrap();
+    assert_eq!((status, replay), (201, false));
+    let (dup_status, dup_replay, dup_body) = duplicate.await.unwrap();
+    assert_eq!(
+        (dup_status, dup_replay),
+        (201, true),
+        "the duplicate waited and replayed: {dup_body:?}"
+    );
+    assert_eq!(dup_body, body);
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 1);
+}
+
+/// `store`, watched: each claim that finds its key in progress is told on the receiver.
+fn told_of_busy_claims<St: idem_store::Store>(
+    inner: St,
+) -> (WatchedStore<St>, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let (tell, told) = tokio::sync::mpsc::unbounded_channel();
+    let mut store = WatchedStore::new(inner);
+    store.in_progress_claims = Some(tell);
+    (store, told)
+}
+
+/// The one-call outcome wait, with nothing wired by hand: a duplicate sent over TCP while the
+/// original is in flight waits and replays, on MemoryStore and on SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_one_call_outcome_wait_replays_a_duplicate_on_memory_and_sqlite() {
+    let (store, mut told) = told_of_busy_claims(MemoryStore::new());
+    let handler = Handler::new();
+    let url = serve_waiting(store, &handler).await;
+    a_duplicate_waits_and_replays(&mut told, &handler, &url, &url, "one-call-mem-1").await;
+
+    let (sqlite, _dir) = sqlite_store().await;
+    let (store, mut told) = told_of_busy_claims(sqlite);
+    let handler = Handler::new();
+    let url = serve_waiting(store, &handler).await;
+    a_duplicate_waits_and_replays(&mut told, &handler, &url, &url, "one-call-sql-1").await;
+}
+
+/// Two layers on one MemoryStore stand for two processes on one shared store: the duplicate's
+/// layer hears of the original's outcome only through the store's notification, which the
+/// one-call outcome wait listens to from its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_one_call_outcome_wait_hears_another_layer_through_the_store() {
+    let (store, mut told) = told_of_busy_claims(MemoryStore::new());
+    let handler = Handler::new();
+    let first = serve_waiting(store.clone(), &handler).await;
+    let second = serve_waiting(store, &handler).await;
+    a_duplicate_waits_and_replays(&mut told, &handler, &first, &second, "two-layers-01").await;
+}
+
+/// A store whose listener cannot start costs the request a `503 store-unavailable`, at once,
+/// never a hang or a panic; the next request starts it and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listener_that_cannot_start_is_a_store_outage_then_retried() {
+    let store = WatchedStore::new(MemoryStore::new());
+    store.failing_listens.store(1, Ordering::SeqCst);
+    let handler = Handler::new();
+    let url = serve_waiting(store.clone(), &handler).await;
+    let (status, _, body) = spawn_post(&url, "no-listener-1", r#"{"status": 201}"#)
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{body:?}");
+    assert!(
+        std::str::from_utf8(&body)
+            .unwrap()
+            .contains("urn:idem:problem:store-unavailable")
+    );
+    assert_eq!(handler.calls.load(Ordering::SeqCst), 0, "nothing ran");
+    let (status, replay, _) = spawn_post(&url, "no-listener-1", r#"{"status": 201}"#)
+        .await
+        .unwrap();
+    assert_eq!((status, replay), (201, false));
+    assert_eq!(store.failing_listens.load(Ordering::SeqCst), 0);
+}
+
+async fn downstream_handler(Downstream(key): Downstream) -> String {
+    key.to_string()
+}
+
+/// A lease-mode handler takes the request's downstream key in one line (`Downstream`): the
+/// same key for the request's replay, derived from its scope and fingerprint. Outside lease
+/// mode the extractor refuses with `500 no-downstream-key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_extracts_the_downstream_key_in_lease_mode_only() {
+    let leased = Router::new()
+        .route("/work", routing::post(downstream_handler))
+        .layer(IdempotencyLayer::leased(MemoryStore::new()));
+    let url = serve(leased).await;
+    let body = r#"{"amount": 100}"#;
+    let (status, replay, first) = spawn_post(&url, "downstream-01", body).await.unwrap();
+    assert_eq!((status, replay), (200, false));
+    let fingerprint = idem_core::Fingerprint::compute(&idem_core::RequestParts {
+        account: ACCOUNT,
+        method: "POST",
+        route: "/work",
+        query: "",
+        content_type: "application/json",
+        body: body.as_bytes(),
+    })
+    .unwrap();
+    let expected = idem_core::DownstreamKey::new(&test_scope(b"downstream-01"), &fingerprint);
+    assert_eq!(first, expected.as_str());
+    let (_, replay, again) = spawn_post(&url, "downstream-01", body).await.unwrap();
+    assert!(replay);
+    assert_eq!(again, first);
+
+    let (store, _dir) = sqlite_store().await;
+    let transactional = Router::new()
+        .route("/work", routing::post(downstream_handler))
+        .layer(IdempotencyLayer::transactional(store));
+    let url = serve(transactional).await;
+    let (status, _, refused) = spawn_post(&url, "downstream-02", body).await.unwrap();
+    assert_eq!(status, 500);
+    let problem: serde_json::Value = serde_json::from_slice(&refused).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:no-downstream-key");
 }

@@ -178,7 +178,7 @@ impl<B: Backend> App<B> {
             .without_takeover()
             .with_reconciliation(self.reconciliation.clone());
         if !config.wait_for_outcome.is_zero() {
-            leased = leased.with_outcome_wait(config.wait_for_outcome, self.signal.clone());
+            leased = leased.with_outcome_signal(config.wait_for_outcome, self.signal.clone());
         }
         // A payout's claim outlasts its longest provider call (derived, never guessed).
         let payout_policy = Policy {
