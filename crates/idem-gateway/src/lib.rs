@@ -527,10 +527,7 @@ impl Scoping {
             (_, true, Anonymous::Shared) => hashed.push(b"idem-scope-anonymous"),
         }
         hashed.extend(extra.iter().map(Vec::as_slice));
-        Ok(AccountId::new(format!(
-            "hmac:{}",
-            &self.secret.hmac_hex(&hashed)[..32]
-        )))
+        Ok(self.secret.account(&hashed))
     }
 }
 

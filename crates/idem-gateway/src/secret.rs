@@ -163,6 +163,36 @@ impl Secret {
         Ok(stored.is_some_and(|stored| stored.as_bytes() != given))
     }
 
+    /// The secret the gateways on `store` share, if one is stored there; stores nothing. For
+    /// tools that find a caller's records (`idem keys --credential`) without being a gateway.
+    ///
+    /// # Errors
+    ///
+    /// [`SecretError::Store`] when the store cannot be read, and [`SecretError::TooShort`]
+    /// when the stored secret is shorter than 16 bytes.
+    pub async fn stored<St: SharedSecret>(store: &St) -> Result<Option<Self>, SecretError> {
+        let stored = store
+            .read_secret(SCOPE_SECRET)
+            .await
+            .map_err(SecretError::Store)?;
+        stored
+            .map(|value| Self::new(value.into_bytes()))
+            .transpose()
+    }
+
+    /// The account a gateway with this secret files a caller under whose credential header
+    /// (`Authorization` by default) carries `value`, with no `--scope-header`: what an
+    /// operator looks a caller's keys up by.
+    pub fn header_credential_account(&self, value: &[u8]) -> idem_core::AccountId {
+        self.account(&[b"idem-scope", value])
+    }
+
+    /// The account of a caller whose scope hashes `parts`: `hmac:` and the HMAC's first 32
+    /// hex digits.
+    pub(crate) fn account(&self, parts: &[&[u8]]) -> idem_core::AccountId {
+        idem_core::AccountId::new(format!("hmac:{}", &self.hmac_hex(parts)[..32]))
+    }
+
     /// A short name of the secret that gives nothing of it away (an HMAC of a fixed text under
     /// it): the same in every gateway that has the same secret, for logs and checks.
     pub fn id(&self) -> String {
