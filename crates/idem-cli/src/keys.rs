@@ -5,12 +5,11 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Subcommand;
-use idem_core::{
-    AccountId, Clock, IdempotencyKey, KeyLimits, Record, RecordState, Scope, StoredResponse,
-    SystemClock, Timestamp,
-};
-use idem_store::{AdminStore, PgStore, RecordFilter, RedisStore, SqliteStore};
+use idem_core::{AccountId, Clock, Record, RecordState, Scope, SystemClock, Timestamp};
+use idem_gateway::Secret;
+use idem_store::{AdminStore, PgStore, RecordFilter, RedisStore, SharedSecret, SqliteStore};
 
+use crate::admin::{self, KeyState, Resolution, ResolveError, Resolved};
 use crate::store_url::{StoreUrl, redact};
 
 /// `idem keys` flags.
@@ -25,9 +24,31 @@ pub struct KeysArgs {
     /// On Redis: the key prefix the proxy was given (its --redis-prefix).
     #[arg(long, global = true, default_value = "idem")]
     pub redis_prefix: String,
+    /// A gateway caller's credential, as it sends it in the Authorization header (`Bearer
+    /// sk_…`): its keys are found under the account `idem proxy` derives from it, in place of
+    /// an ACCOUNT (or --account). Only for a proxy that scopes by that header alone (no
+    /// --scope-header, no cookie credential).
+    #[arg(long, global = true, value_name = "VALUE")]
+    pub credential: Option<String>,
+    /// With --credential: the proxy's secret (its --secret; also read from IDEM_PROXY_SECRET).
+    /// Without it, the secret the proxies keep in the store.
+    #[arg(long, global = true, env = "IDEM_PROXY_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub action: KeysAction,
+}
+
+/// One record, named on the command line: `ACCOUNT KEY`, or `KEY` alone with --credential.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KeyArgs {
+    /// The account, as `list` shows it (behind `idem proxy`, `hmac:…`, derived from the
+    /// caller's credential); with --credential, leave it out and give the key alone.
+    #[arg(value_name = "ACCOUNT")]
+    account: String,
+    /// The key.
+    #[arg(value_name = "KEY")]
+    key: Option<String>,
 }
 
 /// What `idem keys` does.
@@ -41,11 +62,16 @@ pub enum KeysAction {
         /// Only this account's keys.
         #[arg(long)]
         account: Option<String>,
-        /// Only keys still in progress (stuck ones have a lease in the past).
-        #[arg(long, conflicts_with = "completed")]
+        /// Only keys in this state: `in-progress` (every key in progress, those of unknown
+        /// outcome included), `unknown` (in progress, the lease run out: its worker crashed or
+        /// stalled) or `completed`.
+        #[arg(long, value_enum)]
+        state: Option<KeyState>,
+        /// The same as --state in-progress.
+        #[arg(long, conflicts_with_all = ["completed", "state"])]
         in_progress: bool,
-        /// Only completed keys.
-        #[arg(long)]
+        /// The same as --state completed.
+        #[arg(long, conflicts_with = "state")]
         completed: bool,
         /// At most this many.
         #[arg(long, default_value_t = 50)]
@@ -53,37 +79,40 @@ pub enum KeysAction {
     },
     /// Show one key; the stored body only with --body.
     Show {
-        /// The account, as `list` shows it (behind `idem proxy`, `hmac:…`, derived from the
-        /// caller's credential).
-        account: String,
-        /// The key.
-        key: String,
+        /// The record.
+        #[command(flatten)]
+        record: KeyArgs,
         /// Print the stored response body too.
         #[arg(long)]
         body: bool,
     },
-    /// Delete one key's record: its next request runs afresh.
+    /// Delete one key's record, whatever its state: its next request runs afresh.
     Purge {
-        /// The account, as `list` shows it (behind `idem proxy`, `hmac:…`, derived from the
-        /// caller's credential).
-        account: String,
-        /// The key.
-        key: String,
+        /// The record.
+        #[command(flatten)]
+        record: KeyArgs,
     },
-    /// Complete an in-progress key with a known outcome, which its retries then replay; it is
-    /// kept for the retention from now.
-    Complete {
-        /// The account, as `list` shows it (behind `idem proxy`, `hmac:…`, derived from the
-        /// caller's credential).
-        account: String,
-        /// The key.
-        key: String,
+    /// Resolve a key in progress or of unknown outcome: complete it with a known answer,
+    /// which its retries then replay (kept for the retention from now), or release it with
+    /// --release, so its next copy runs. A completed key is refused.
+    #[command(visible_alias = "complete")]
+    Resolve {
+        /// The record.
+        #[command(flatten)]
+        record: KeyArgs,
         /// The status to replay.
-        #[arg(long)]
-        status: u16,
-        /// The JSON body to replay.
+        #[arg(long, required_unless_present = "release")]
+        status: Option<u16>,
+        /// A header to replay, `Name: value`; repeatable.
+        #[arg(long = "header", value_name = "NAME: VALUE", value_parser = admin::parse_header)]
+        headers: Vec<(String, String)>,
+        /// The body to replay: JSON, unless a Content-Type header says otherwise.
         #[arg(long, default_value = "")]
         body: String,
+        /// Delete the in-progress record instead, so the key's next copy runs: for work known
+        /// not to have happened.
+        #[arg(long, conflicts_with_all = ["status", "headers", "body"])]
+        release: bool,
     },
 }
 
@@ -104,62 +133,116 @@ pub async fn run(args: KeysArgs) -> anyhow::Result<ExitCode> {
             let store = SqliteStore::connect(&url)
                 .await
                 .with_context(|| format!("cannot open {url}"))?;
-            act(&store, args.action).await
+            act(&store, args).await
         }
         StoreUrl::Postgres(url) => {
             let store = PgStore::connect(&url)
                 .await
                 .with_context(|| format!("cannot open {}", redact(&url)))?;
-            act(&store, args.action).await
+            act(&store, args).await
         }
         StoreUrl::Redis(url) => {
-            let store = RedisStore::connect(&url, args.redis_prefix)
+            let store = RedisStore::connect(&url, args.redis_prefix.clone())
                 .await
                 .with_context(|| format!("cannot open {}", redact(&url)))?;
-            act(&store, args.action).await
+            act(&store, args).await
         }
     }
 }
 
-fn scope(account: &str, key: &str) -> anyhow::Result<Scope> {
-    let limits = KeyLimits {
-        min_len: 1,
-        max_len: usize::MAX,
+/// The account `--credential` names: derived as `idem proxy` derives it, with `--secret` or
+/// the secret the proxies keep in `store`.
+async fn credential_account<S: SharedSecret>(
+    store: &S,
+    credential: &str,
+    secret: Option<&str>,
+) -> anyhow::Result<AccountId> {
+    let secret = match secret {
+        Some(given) => Secret::new(given.as_bytes()).context("--secret")?,
+        None => Secret::stored(store)
+            .await
+            .context("cannot read the proxies' secret from the store")?
+            .context(
+                "the store holds no proxy secret (no `idem proxy` without --secret has run on \
+                 it): give the proxy's --secret",
+            )?,
     };
-    // Either form the API accepts: `order-1042` or the sf-string `"order-1042"`.
-    let key = IdempotencyKey::parse(key.as_bytes(), limits).context("not a valid key")?;
-    Ok(Scope::new(AccountId::new(account), key))
+    Ok(secret.header_credential_account(credential.as_bytes()))
 }
 
-async fn act<S: AdminStore>(store: &S, action: KeysAction) -> anyhow::Result<ExitCode> {
+/// The account and key `record` names, the account from `--credential` when it is given.
+async fn named<S: SharedSecret>(
+    store: &S,
+    args: &KeysArgs,
+    record: KeyArgs,
+) -> anyhow::Result<(String, String)> {
+    match (&args.credential, record.key) {
+        (Some(credential), None) => {
+            let account = credential_account(store, credential, args.secret.as_deref()).await?;
+            Ok((account.as_str().to_owned(), record.account))
+        }
+        (None, Some(key)) => Ok((record.account, key)),
+        (Some(_), Some(_)) => {
+            anyhow::bail!("with --credential, give the KEY alone: the credential names the account")
+        }
+        (None, None) => anyhow::bail!("give ACCOUNT KEY, or KEY with --credential"),
+    }
+}
+
+fn scope(account: &str, key: &str) -> anyhow::Result<Scope> {
+    admin::scope(account, key).context("not a valid key")
+}
+
+async fn act<S: AdminStore + SharedSecret>(store: &S, args: KeysArgs) -> anyhow::Result<ExitCode> {
     let now = SystemClock.now();
-    match action {
+    match args.action.clone() {
         KeysAction::List {
             account,
+            state,
             in_progress,
             completed,
             limit,
         } => {
-            let filter = RecordFilter {
-                account: account.map(AccountId::new),
-                in_progress: match (in_progress, completed) {
-                    (true, _) => Some(true),
-                    (_, true) => Some(false),
-                    _ => None,
-                },
-                lease_expired_by: None,
-                limit,
+            let account = match (account, &args.credential) {
+                (Some(_), Some(_)) => anyhow::bail!("give --account or --credential, not both"),
+                (Some(account), None) => Some(AccountId::new(account)),
+                (None, Some(credential)) => {
+                    Some(credential_account(store, credential, args.secret.as_deref()).await?)
+                }
+                (None, None) => None,
             };
-            list(store, &filter, now).await
+            let state = match (state, in_progress, completed) {
+                (Some(state), _, _) => Some(state),
+                (None, true, _) => Some(KeyState::InProgress),
+                (None, _, true) => Some(KeyState::Completed),
+                (None, false, false) => None,
+            };
+            list(store, &admin::filter(state, account, limit, now), now).await
         }
-        KeysAction::Show { account, key, body } => show(store, &account, &key, body, now).await,
-        KeysAction::Purge { account, key } => purge(store, &account, &key).await,
-        KeysAction::Complete {
-            account,
-            key,
+        KeysAction::Show { record, body } => {
+            let (account, key) = named(store, &args, record).await?;
+            show(store, &account, &key, body, now).await
+        }
+        KeysAction::Purge { record } => {
+            let (account, key) = named(store, &args, record).await?;
+            purge(store, &account, &key).await
+        }
+        KeysAction::Resolve {
+            record,
             status,
+            headers,
             body,
-        } => complete(store, &account, &key, status, body, now).await,
+            release,
+        } => {
+            let (account, key) = named(store, &args, record).await?;
+            let resolution = match status {
+                Some(status) if !release => {
+                    Resolution::complete(status, headers, body.into_bytes())?
+                }
+                _ => Resolution::Release,
+            };
+            resolve(store, &account, &key, &resolution, now).await
+        }
     }
 }
 
@@ -250,39 +333,47 @@ async fn purge<S: AdminStore>(store: &S, account: &str, key: &str) -> anyhow::Re
     }
 }
 
-/// `idem keys complete`: stores `status` and `body` as an in-progress key's outcome, 1 if the
-/// key is not in progress.
-async fn complete<S: AdminStore>(
+/// `idem keys resolve` (and its alias `complete`): completes or releases an in-progress key,
+/// 1 if it is not in progress.
+async fn resolve<S: AdminStore>(
     store: &S,
     account: &str,
     key: &str,
-    status: u16,
-    body: String,
+    resolution: &Resolution,
     now: Timestamp,
 ) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(
-        (100..600).contains(&status),
-        "--status must be an HTTP status"
-    );
-    let response = StoredResponse {
-        status,
-        headers: if body.is_empty() {
-            vec![]
-        } else {
-            vec![("content-type".into(), "application/json".into())]
-        },
-        body: body.into_bytes(),
-        body_omitted: false,
-    };
-    if store
-        .force_complete(&scope(account, key)?, &response, now)
-        .await?
-    {
-        println!("completed key {key:?} of account {account:?} with {status}");
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!("key {key:?} of account {account:?} is not in progress");
-        Ok(ExitCode::from(1))
+    let scope = scope(account, key)?;
+    match admin::resolve(store, &scope, resolution, now).await {
+        Ok(Resolved::Completed) => {
+            let Resolution::Complete(response) = resolution else {
+                unreachable!("only a completion completes")
+            };
+            println!(
+                "completed key {key:?} of account {account:?} with {}",
+                response.status
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok(Resolved::Released) => {
+            println!("released key {key:?} of account {account:?}: its next copy runs");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(ResolveError::NoRecord) => {
+            eprintln!("no record for key {key:?} of account {account:?}");
+            Ok(ExitCode::from(1))
+        }
+        Err(ResolveError::Completed) => {
+            eprintln!(
+                "key {key:?} of account {account:?} is not in progress: it is completed, and \
+                 its answer is replayed (purge deletes it)"
+            );
+            Ok(ExitCode::from(1))
+        }
+        Err(e @ ResolveError::Changed) => {
+            eprintln!("key {key:?} of account {account:?}: {e}");
+            Ok(ExitCode::from(1))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -304,11 +395,7 @@ fn describe(record: &Record, now: Timestamp) -> (&'static str, String, String) {
             } else {
                 format!("ran out {} ago", age(*lease_until, now))
             };
-            let state = if *lease_until > now {
-                "in_progress"
-            } else {
-                "stale"
-            };
+            let state = KeyState::of(record, now).name();
             (state, lease, format!("unknown (token {})", token.0))
         }
         RecordState::Completed(response) => (

@@ -16,6 +16,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub mod admin;
 pub mod drill;
 #[cfg(test)]
 mod error_chains;
@@ -45,7 +46,7 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// A fake payment provider for lease-mode payouts, with faults on demand.
     FakePsp(fake_psp::FakePspArgs),
-    /// Inspect and act on idempotency keys: list, show, purge, complete.
+    /// Inspect and act on idempotency keys: list, show, purge, resolve.
     Keys(keys::KeysArgs),
     /// Put the idempotency contract in front of any HTTP API (a reverse proxy).
     Proxy(proxy::ProxyArgs),

@@ -12,6 +12,7 @@ mod contract;
 mod drill;
 mod gateway_chaos;
 mod keys_redis;
+mod keys_resolve;
 mod openapi;
 mod outbox;
 mod payouts;
