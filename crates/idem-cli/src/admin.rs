@@ -3,6 +3,8 @@
 //! by the admin API of `idem serve` and `idem proxy` (docs/contract.md §15), so the two cannot
 //! disagree on what a state or a resolution means.
 
+pub mod api;
+
 use idem_core::{
     AccountId, IdempotencyKey, KeyLimits, Record, RecordState, Scope, StoredResponse, Timestamp,
 };
@@ -241,6 +243,15 @@ pub async fn resolve<S: AdminStore>(
     }
 }
 
+/// Parses `--admin-token` (and `IDEM_ADMIN_TOKEN`).
+///
+/// # Errors
+///
+/// When the token is too short to be one.
+pub fn parse_admin_token(text: &str) -> Result<api::AdminToken, String> {
+    api::AdminToken::new(text)
+}
+
 #[cfg(test)]
 mod tests {
     use idem_core::{FencingToken, Fingerprint, Policy, RequestParts};
@@ -337,5 +348,15 @@ mod tests {
             ("X-A".into(), "b: c".into())
         );
         assert!(parse_header("no colon").is_err());
+    }
+
+    #[test]
+    fn the_admin_token_is_compared_whole() {
+        let token = api::AdminToken::new("a-token-of-enough-length").unwrap();
+        assert!(api::AdminToken::new("short").is_err());
+        assert!(token.accepts(b"a-token-of-enough-length"));
+        assert!(!token.accepts(b"a-token-of-enough-lengtH"));
+        assert!(!token.accepts(b"a-token-of-enough-length-and-more"));
+        assert!(!token.accepts(b""));
     }
 }

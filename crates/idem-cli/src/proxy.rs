@@ -11,7 +11,9 @@ use idem_gateway::{
     Anonymous, ClientTls, ConfigFile, Credential, GatewayConfig, InFlight, KeyForwarding, KeyRule,
     RouteRules, Secret, SecretOrigin, ServerTls, UnknownOutcome,
 };
-use idem_store::{OutcomeChannel, PgStore, RedisStore, SharedSecret, SqliteStore, Store};
+use idem_store::{
+    AdminStore, OutcomeChannel, PgStore, RedisStore, SharedSecret, SqliteStore, Store,
+};
 use tokio::net::TcpListener;
 
 use crate::runtime::{self, shutdown_signal};
@@ -131,6 +133,12 @@ pub struct ProxyArgs {
     /// main listener (where they shadow the upstream's paths of the same names).
     #[arg(long)]
     pub admin_listen: Option<std::net::SocketAddr>,
+    /// Serve the admin API (`/admin/keys…`: list, show and resolve keys) to requests that
+    /// carry `Authorization: Bearer TOKEN`, beside /healthz and /metrics (on --admin-listen
+    /// if given, where it shadows no upstream path); also read from IDEM_ADMIN_TOKEN. Without
+    /// it there is no admin API, and /admin paths go upstream like any other.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true, value_parser = crate::admin::parse_admin_token)]
+    pub admin_token: Option<crate::admin::api::AdminToken>,
     /// How long a key is remembered, in seconds [default: 86400].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub retention_secs: Option<u64>,
@@ -489,7 +497,7 @@ fn store_url(args: &ProxyArgs, store: &str) -> anyhow::Result<StoreUrl> {
     Ok(url)
 }
 
-async fn run_on<St: OutcomeChannel + SharedSecret>(
+async fn run_on<St: OutcomeChannel + SharedSecret + AdminStore>(
     listener: TcpListener,
     admin: Option<TcpListener>,
     store: St,
@@ -505,7 +513,14 @@ async fn run_on<St: OutcomeChannel + SharedSecret>(
             .await
             .context("cannot listen for outcome wake-ups")?;
     }
-    let admin_routes = admin_router(store.clone());
+    let mut admin_routes = admin_router(store.clone());
+    if let Some(token) = start.args.admin_token.clone() {
+        admin_routes = admin_routes.merge(crate::admin::api::router(
+            store.clone(),
+            token,
+            config.clock.clone(),
+        ));
+    }
     let head_timeout = config.head_timeout;
     let tls = config.tls.clone();
     // The sweeper, from the start rather than the first request as the gateway's routes

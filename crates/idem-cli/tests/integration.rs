@@ -4,6 +4,7 @@
 
 mod common;
 
+mod admin_api;
 mod bad_input;
 mod binary;
 mod chaos;

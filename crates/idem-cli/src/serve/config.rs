@@ -101,6 +101,11 @@ pub struct ServeArgs {
     /// Freeze the relay after it publishes an event and before it marks it sent (crash tests).
     #[arg(long, hide = true)]
     pub fault_pause_after_publish: bool,
+    /// Serve the admin API (`/admin/keys…`: list, show and resolve keys) to requests that
+    /// carry `Authorization: Bearer TOKEN`; also read from IDEM_ADMIN_TOKEN. Without it there
+    /// is no admin API.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN", hide_env_values = true, value_parser = crate::admin::parse_admin_token)]
+    pub admin_token: Option<crate::admin::api::AdminToken>,
 }
 
 fn parse_pool_size(s: &str) -> Result<usize, String> {
@@ -162,6 +167,8 @@ pub struct ServeConfig {
     pub db_pool_size: usize,
     /// How often the sweeper looks for expired records (a minute; benchmarks look sooner).
     pub sweep_every: Duration,
+    /// The admin API's token; `None`: no admin API.
+    pub admin_token: Option<crate::admin::api::AdminToken>,
 }
 
 /// Where `idem serve` publishes its idempotency rules; its refusals link here.
@@ -196,6 +203,7 @@ impl ServeConfig {
             replay_read: None,
             db_pool_size: idem_store::DEFAULT_POOL_SIZE,
             sweep_every: idem_tower::DEFAULT_SWEEP_EVERY,
+            admin_token: None,
         }
     }
 
@@ -235,6 +243,7 @@ impl ServeConfig {
             _ => None,
         };
         config.db_pool_size = args.db_pool_size;
+        config.admin_token = args.admin_token.clone();
         config
     }
 }

@@ -228,13 +228,22 @@ impl<B: Backend> App<B> {
                 tokens,
                 auth::authenticate,
             ));
-        Router::new()
+        let router = Router::new()
             .route("/healthz", get(healthz::<B>))
             .route("/metrics", get(metrics::<B>))
             .route(POLICY_PATH, get(policy::<B>))
             .route("/openapi.json", get(openapi::document::<B>))
             .merge(api)
-            .with_state(self.clone())
+            .with_state(self.clone());
+        // Mounted only with a token: without one, /admin is a path like any other (404).
+        match &config.admin_token {
+            Some(token) => router.merge(crate::admin::api::router(
+                self.store.clone(),
+                token.clone(),
+                config.clock.clone(),
+            )),
+            None => router,
+        }
     }
 }
 

@@ -1,0 +1,318 @@
+//! The admin API of `idem serve` and `idem proxy` (`--admin-token`): absent without the flag,
+//! 401 without the token or with a wrong one, and, with it, keys of unknown outcome (a killed
+//! `idem serve` on SQLite) and keys a killed `idem proxy` left in progress (Redis) listed,
+//! shown and resolved over HTTP, then retried through the running server.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::{ALICE, RedisPrefix, TestServer, send, start_psp};
+use crate::keys_resolve::{left_in_progress, order, payout, proxy, serve, start_silent_upstream};
+
+const TOKEN: &str = "admin-token-for-the-tests-0001";
+
+fn admin(method: reqwest::Method, url: &str, token: Option<&str>) -> reqwest::RequestBuilder {
+    let request = reqwest::Client::new()
+        .request(method, url)
+        .timeout(Duration::from_secs(30));
+    match token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    }
+}
+
+async fn json_of(request: reqwest::RequestBuilder) -> (u16, String, Value) {
+    let response = request.send().await.expect("the server answers");
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, content_type, body)
+}
+
+#[tokio::test]
+async fn the_admin_api_is_absent_without_a_token_and_refuses_a_wrong_one() {
+    let without = TestServer::start().await;
+    // A path like any other the server does not have: 404 to a caller it knows.
+    let (status, _, _) = json_of(admin(
+        reqwest::Method::GET,
+        &format!("{}/admin/keys", without.url),
+        Some(ALICE),
+    ))
+    .await;
+    assert_eq!(status, 404, "no admin API without --admin-token");
+    without.stop().await;
+
+    let token = idem_cli::admin::parse_admin_token(TOKEN).unwrap();
+    let server = TestServer::start_with(|config| config.admin_token = Some(token)).await;
+    let keys = format!("{}/admin/keys", server.url);
+    let resolve = format!("{}/admin/keys/acct_alice/some-key-0001/resolve", server.url);
+    for (request, what) in [
+        (
+            admin(reqwest::Method::GET, &keys, Some(ALICE)),
+            "an API token",
+        ),
+        (admin(reqwest::Method::GET, &keys, None), "no token"),
+        (
+            admin(
+                reqwest::Method::GET,
+                &keys,
+                Some("admin-token-for-the-tests-0002"),
+            ),
+            "a wrong token",
+        ),
+        (
+            admin(reqwest::Method::GET, &keys, Some("admin")),
+            "a short wrong token",
+        ),
+        (
+            admin(reqwest::Method::POST, &resolve, Some("wrong")).json(&json!({"release": true})),
+            "a wrong token on a resolution",
+        ),
+    ] {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 401, "{what}");
+        assert_eq!(response.headers()["www-authenticate"], "Bearer", "{what}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{what}"
+        );
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["status"], 401, "{what}");
+    }
+    let (status, _, listed) = json_of(admin(reqwest::Method::GET, &keys, Some(TOKEN))).await;
+    assert_eq!((status, listed), (200, json!({"keys": []})));
+    let (status, content_type, _) = json_of(admin(
+        reqwest::Method::GET,
+        &format!("{keys}?state=stale"),
+        Some(TOKEN),
+    ))
+    .await;
+    assert_eq!(
+        (status, content_type.as_str()),
+        (400, "application/problem+json")
+    );
+    let (status, _, problem) = json_of(
+        admin(reqwest::Method::POST, &resolve, Some(TOKEN)).json(&json!({"release": true})),
+    )
+    .await;
+    assert_eq!(status, 404, "{problem}");
+    let (status, _, problem) = json_of(
+        admin(reqwest::Method::POST, &resolve, Some(TOKEN))
+            .json(&json!({"release": true, "status": 201})),
+    )
+    .await;
+    assert_eq!(status, 400, "a release or an answer, not both: {problem}");
+    // The public API is as it was.
+    assert_eq!(send(server.get("/healthz")).await.status, 200);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_admin_api_resolves_unknown_outcomes_that_the_running_serve_then_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let (psp, psp_url) = start_psp().await;
+    // The server's own reconciler would ask the provider about them: its questions wait
+    // there, so that the operator is the one who resolves.
+    psp.hold_lookups();
+    left_in_progress(&db, &psp_url, "1", "before-provider", "api-never-sent-1").await;
+    left_in_progress(&db, &psp_url, "1", "after-provider", "api-charged-0001").await;
+    let served = serve(&db, &psp_url, "1", &["--admin-token", TOKEN]);
+    tokio::time::timeout(Duration::from_secs(20), psp.lookups_arrived(1))
+        .await
+        .expect("the reconciler found an unknown outcome");
+
+    let keys = format!("{}/admin/keys", served.url);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let unknown = loop {
+        let (status, _, listed) = json_of(admin(
+            reqwest::Method::GET,
+            &format!("{keys}?state=unknown"),
+            Some(TOKEN),
+        ))
+        .await;
+        assert_eq!(status, 200, "{listed}");
+        // Both leases run out within a second of each other.
+        if listed["keys"].as_array().unwrap().len() == 2 || Instant::now() > deadline {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let listed = unknown["keys"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{unknown}");
+    assert!(
+        listed
+            .iter()
+            .all(|k| k["state"] == "unknown" && k["account"] == "acct_alice"),
+        "{unknown}"
+    );
+    let (_, _, completed) = json_of(admin(
+        reqwest::Method::GET,
+        &format!("{keys}?state=completed&account=acct_alice"),
+        Some(TOKEN),
+    ))
+    .await;
+    assert_eq!(completed, json!({"keys": []}));
+    let before = send(payout(&served.url, "api-charged-0001")).await;
+    assert_eq!(
+        before.status, 409,
+        "unknown until resolved: {}",
+        before.body
+    );
+
+    let charged = format!("{keys}/acct_alice/api-charged-0001");
+    let answer =
+        json!({"status": 201, "headers": {"X-Resolved-By": "api"}, "body": {"id": "po_by_api"}});
+    let (status, _, resolved) = json_of(
+        admin(
+            reqwest::Method::POST,
+            &format!("{charged}/resolve"),
+            Some(TOKEN),
+        )
+        .json(&answer),
+    )
+    .await;
+    assert_eq!((status, resolved), (200, json!({"resolved": "completed"})));
+    let (status, _, problem) = json_of(
+        admin(
+            reqwest::Method::POST,
+            &format!("{charged}/resolve"),
+            Some(TOKEN),
+        )
+        .json(&json!({"release": true})),
+    )
+    .await;
+    assert_eq!(status, 409, "a completed key is not released: {problem}");
+    let (status, _, shown) = json_of(admin(reqwest::Method::GET, &charged, Some(TOKEN))).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown["state"], "completed", "{shown}");
+    assert_eq!(shown["response"]["status"], 201, "{shown}");
+    assert_eq!(
+        shown["response"]["body"], r#"{"id":"po_by_api"}"#,
+        "{shown}"
+    );
+    let released = format!("{keys}/acct_alice/api-never-sent-1/resolve");
+    let (status, _, resolved) = json_of(
+        admin(reqwest::Method::POST, &released, Some(TOKEN)).json(&json!({"release": true})),
+    )
+    .await;
+    assert_eq!((status, resolved), (200, json!({"resolved": "released"})));
+
+    // The clients' retries through the same running server.
+    let replayed = send(payout(&served.url, "api-charged-0001")).await;
+    assert_eq!(replayed.status, 201, "{}", replayed.body);
+    assert!(replayed.replayed());
+    assert_eq!(replayed.body["id"], "po_by_api");
+    assert_eq!(replayed.headers["x-resolved-by"], "api");
+    let fresh = send(payout(&served.url, "api-never-sent-1")).await;
+    assert_eq!(fresh.status, 201, "{}", fresh.body);
+    assert!(!fresh.replayed());
+    psp.release_lookups();
+    assert_eq!(psp.charges().await, 2, "one charge for each payout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_proxys_admin_api_resolves_keys_a_killed_proxy_left_on_redis() {
+    let prefix = RedisPrefix::new("admin-api");
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, mut arrivals) = start_silent_upstream().await;
+    let mut first = proxy(dir.path(), &upstream, &prefix.0, &[]);
+    // Without --admin-token, /admin is the upstream's path like any other.
+    let (status, _, _) = json_of(admin(
+        reqwest::Method::GET,
+        &format!("{}/admin/keys", first.url),
+        Some(TOKEN),
+    ))
+    .await;
+    assert_eq!(status, 404, "the upstream's own 404");
+    let mut lost = Vec::new();
+    for key in ["api-order-resolved", "api-order-released"] {
+        lost.push(tokio::spawn(order(&first.url, key).send()));
+        let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
+        assert_eq!(
+            arrived.expect("the order reaches the upstream").as_deref(),
+            Some(key)
+        );
+    }
+    first.kill9();
+    for lost in lost {
+        assert!(lost.await.unwrap().is_err());
+    }
+
+    let second = proxy(dir.path(), &upstream, &prefix.0, &["--admin-token", TOKEN]);
+    let keys = format!("{}/admin/keys", second.url);
+    let (status, _, _) = json_of(admin(
+        reqwest::Method::GET,
+        &keys,
+        Some("wrong-token-of-some-length"),
+    ))
+    .await;
+    assert_eq!(status, 401);
+    let (status, _, listed) = json_of(admin(
+        reqwest::Method::GET,
+        &format!("{keys}?state=in-progress"),
+        Some(TOKEN),
+    ))
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    let listed = listed["keys"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let account = listed[0]["account"].as_str().unwrap().to_owned();
+    assert!(account.starts_with("hmac:"), "{account}");
+
+    let key_url = |key: &str| format!("{keys}/{account}/{key}");
+    let (status, _, shown) = json_of(admin(
+        reqwest::Method::GET,
+        &key_url("api-order-resolved"),
+        Some(TOKEN),
+    ))
+    .await;
+    assert_eq!(
+        (status, &shown["state"]),
+        (200, &json!("in_progress")),
+        "{shown}"
+    );
+    let answer = json!({"status": 201, "body": {"id": "order-by-api"}});
+    let (status, _, resolved) = json_of(
+        admin(
+            reqwest::Method::POST,
+            &format!("{}/resolve", key_url("api-order-resolved")),
+            Some(TOKEN),
+        )
+        .json(&answer),
+    )
+    .await;
+    assert_eq!((status, resolved), (200, json!({"resolved": "completed"})));
+    let (status, _, resolved) = json_of(
+        admin(
+            reqwest::Method::POST,
+            &format!("{}/resolve", key_url("api-order-released")),
+            Some(TOKEN),
+        )
+        .json(&json!({"release": true})),
+    )
+    .await;
+    assert_eq!((status, resolved), (200, json!({"resolved": "released"})));
+
+    // The retries through the running proxy.
+    let retry = order(&second.url, "api-order-resolved")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 201);
+    assert!(retry.headers().contains_key("idempotent-replayed"));
+    assert_eq!(retry.text().await.unwrap(), r#"{"id":"order-by-api"}"#);
+    let again = tokio::spawn(order(&second.url, "api-order-released").send());
+    let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
+    assert_eq!(
+        arrived.expect("sent upstream again").as_deref(),
+        Some("api-order-released")
+    );
+    again.abort();
+}
