@@ -108,6 +108,15 @@ async fn the_admin_api_is_absent_without_a_token_and_refuses_a_wrong_one() {
     )
     .await;
     assert_eq!(status, 400, "a release or an answer, not both: {problem}");
+    for answer in [
+        json!({"status": 99}),
+        json!({"status": 201, "headers": {"bad name": "v"}}),
+    ] {
+        let (status, content_type, problem) =
+            json_of(admin(reqwest::Method::POST, &resolve, Some(TOKEN)).json(&answer)).await;
+        assert_eq!(status, 422, "{answer} is no answer to store: {problem}");
+        assert_eq!(content_type, "application/problem+json");
+    }
     // The public API is as it was.
     assert_eq!(send(server.get("/healthz")).await.status, 200);
     server.stop().await;
