@@ -18,8 +18,8 @@ use idem_actix::{
 use idem_core::{
     AccountId, Clock, DownstreamKey, IdempotencyKey, KeyLimits, Policy, Scope, SystemClock,
 };
-use idem_store::testing::PgTestDatabase;
 use idem_store::{PgStore, PgTx, SqliteStore, SqliteTx, Store};
+use idem_testkit::postgres::PgTestDatabase;
 use reqwest::header::HeaderMap;
 use tokio::sync::{Notify, Semaphore};
 
@@ -242,7 +242,9 @@ type Leased = IdempotencyLayer<LeaseMode<SqliteStore>>;
 /// Serves `/work` in transaction mode over `PgStore`, in a database of the test's own.
 async fn start_pg() -> App<PgStore> {
     let db = PgTestDatabase::create().await;
-    let store = db.store(10).await;
+    let store = PgStore::from_pool(db.pool(10).await)
+        .await
+        .expect("migrate the test database");
     sqlx::query("CREATE TABLE effects (n INTEGER)")
         .execute(store.pool())
         .await
@@ -701,7 +703,7 @@ async fn a_body_over_the_limit_is_413() {
 async fn with_an_outcome_wait_a_duplicate_waits_and_replays() {
     let signal = OutcomeSignal::default();
     let wait = signal.clone();
-    let app = Rc::new(start_leased(|l| l.with_outcome_wait(Duration::from_secs(10), wait)).await);
+    let app = Rc::new(start_leased(|l| l.with_outcome_signal(Duration::from_secs(10), wait)).await);
     let body = r#"{"amount":7}"#;
     let original = {
         let app = app.clone();

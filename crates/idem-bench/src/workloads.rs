@@ -152,7 +152,7 @@ impl Group {
             }
             Group::GatewayPostgres => {
                 postgres_up().await?;
-                let db = idem_store::testing::PgTestDatabase::create().await;
+                let db = idem_testkit::postgres::PgTestDatabase::create().await;
                 let store = StoreUrl::Postgres(db.url().to_owned());
                 let mut prepared = gateway(env, store, "PostgreSQL").await?.prepared;
                 prepared.teardown.keep(db);
@@ -634,7 +634,7 @@ async fn within_5s<T>(service: &str, answer: impl Future<Output = T>) -> anyhow:
 /// `max_connections` cannot hold `pools` pools and pgbench's clients, with 20 to spare for the
 /// servers' other connections (sweepers, wake-ups) and everyone else's.
 async fn pg_pool_size(concurrency: usize, pools: usize) -> anyhow::Result<usize> {
-    let url = idem_store::testing::admin_url();
+    let url = idem_testkit::postgres::admin_url();
     let mut conn = within_5s("PostgreSQL", sqlx::PgConnection::connect(&url)).await??;
     let max: String = sqlx::query_scalar("SHOW max_connections")
         .fetch_one(&mut conn)
@@ -651,7 +651,7 @@ async fn pg_pool_size(concurrency: usize, pools: usize) -> anyhow::Result<usize>
 
 /// Checks that the PostgreSQL server the throwaway databases live on answers.
 async fn postgres_up() -> anyhow::Result<()> {
-    let url = idem_store::testing::admin_url();
+    let url = idem_testkit::postgres::admin_url();
     let conn = within_5s("PostgreSQL", sqlx::PgConnection::connect(&url))
         .await?
         .with_context(|| {
@@ -666,7 +666,7 @@ async fn postgres_up() -> anyhow::Result<()> {
 
 async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepared> {
     postgres_up().await?;
-    let db = idem_store::testing::PgTestDatabase::create().await;
+    let db = idem_testkit::postgres::PgTestDatabase::create().await;
     let (url, relay) = db_route(env, db.url(), db_latency_ms).await?;
     let dir = tempfile::tempdir()?;
     let mut prepared = Prepared::default();

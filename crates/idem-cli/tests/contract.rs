@@ -295,7 +295,7 @@ async fn a_key_past_its_retention_is_new() {
 /// the service's clock, which dates the payments, is moved past it too.
 #[tokio::test]
 async fn a_key_past_its_retention_is_new_on_postgres() {
-    let database = idem_store::testing::PgTestDatabase::create().await;
+    let database = idem_testkit::postgres::PgTestDatabase::create().await;
     let url = database.url().to_owned();
     let retention = Duration::from_millis(500);
     let server = TestServer::start_with(|c| {

@@ -1,5 +1,5 @@
 //! The gateway's chaos run: two `idem proxy` processes on one Redis, each reaching it through
-//! a fault relay of its own ([`idem_store::fault_relay`]), in front of an upstream of the
+//! a fault relay of its own ([`idem_testkit::fault_relay`]), in front of an upstream of the
 //! test's own that charges once per forwarded key and counts every time a key's request
 //! reaches it. Payment intents arrive as several concurrent copies per key, each retried until
 //! it gets its `201`, while a seeded schedule kills the proxies with SIGKILL (and restarts
@@ -47,7 +47,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use idem_store::fault_relay::LATENCY_MAX;
+use idem_testkit::fault_relay::LATENCY_MAX;
 use journal::{Attempt, Via, tally};
 use load::{Clients, Load};
 use schedule::{Chaos, MAX_NET_FAULT, Target, per_kind};

@@ -13,7 +13,7 @@ use crate::common::ALICE;
 use futures_util::StreamExt as _;
 use idem_consumer::any::{AnyPublisher, BrokerSettings, delete_broker_objects};
 use idem_consumer::{EventId, Message, Publisher as _};
-use idem_store::testing::PgTestDatabase as PgDatabase;
+use idem_testkit::postgres::PgTestDatabase as PgDatabase;
 
 const NATS: &str = "nats://127.0.0.1:4222";
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";

@@ -235,7 +235,7 @@ async fn kill_9_during_a_held_call_to_a_provider_without_dedup_makes_one_post() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_during_a_held_call_the_other_instance_reconciles_with_one_post() {
-    let db = idem_store::testing::PgTestDatabase::create().await;
+    let db = idem_testkit::postgres::PgTestDatabase::create().await;
     let (psp, psp_url) = start_forgetful_psp(3000).await;
     let args = ["--psp-timeout-secs", "4"];
     let a = serve_on(db.url(), &psp_url, "2", &args);
@@ -563,7 +563,7 @@ async fn idem_keys_lists_shows_purges_and_completes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_duplicate_on_another_instance_waits_for_the_outcome_woken_by_notify() {
-    let db = idem_store::testing::PgTestDatabase::create().await;
+    let db = idem_testkit::postgres::PgTestDatabase::create().await;
     let (psp, psp_url) = start_psp().await;
     // The provider takes 1.5 s; the duplicate may wait 20 s: it must come back with the
     // payout as soon as the first instance stores it, which only a NOTIFY can tell it.

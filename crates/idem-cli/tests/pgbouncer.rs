@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use bytes::Bytes;
 use futures_util::future::join_all;
-use idem_store::fault_relay::{Fault, FaultRelay};
+use idem_testkit::fault_relay::{Fault, FaultRelay};
 use idem_testkit::pgbouncer::PgBouncer;
 
 const ALICE: &str = "sk_test_alice";
@@ -381,7 +381,7 @@ async fn relay_to_postgres(db: &PgDatabase) -> (FaultRelay, String) {
     let relay = FaultRelay::start_to(options.get_host(), options.get_port(), 0)
         .await
         .unwrap();
-    let url = idem_store::testing::with_hosts(db.url(), &[relay.addr()], "");
+    let url = idem_testkit::postgres::with_hosts(db.url(), &[relay.addr()], "");
     (relay, url)
 }
 

@@ -273,8 +273,8 @@ mod sqlite {
 }
 
 mod postgres {
-    async fn fresh() -> (sqlx::PgPool, idem_store::testing::PgTestDatabase) {
-        let db = idem_store::testing::PgTestDatabase::create().await;
+    async fn fresh() -> (sqlx::PgPool, idem_testkit::postgres::PgTestDatabase) {
+        let db = idem_testkit::postgres::PgTestDatabase::create().await;
         let pool = db.pool(20).await;
         <sqlx::Postgres as idem_consumer::Database>::migrate(&pool)
             .await
@@ -332,9 +332,9 @@ mod postgres_behind_a_pooler {
 
     async fn fresh() -> (
         sqlx::PgPool,
-        (idem_store::testing::PgTestDatabase, PgBouncer),
+        (idem_testkit::postgres::PgTestDatabase, PgBouncer),
     ) {
-        let db = idem_store::testing::PgTestDatabase::create().await;
+        let db = idem_testkit::postgres::PgTestDatabase::create().await;
         let bouncer = PgBouncer::start(20);
         // PgBouncer 1.18 refuses sqlx's extra_float_digits startup parameter by default.
         let options: sqlx::postgres::PgConnectOptions = bouncer.url_for(db.url()).parse().unwrap();

@@ -324,7 +324,7 @@ in_flight_tests!(sqlite, sqlite();
 );
 
 /// A PostgreSQL database of the test's own, dropped after it.
-struct Postgres(idem_store::testing::PgTestDatabase);
+struct Postgres(idem_testkit::postgres::PgTestDatabase);
 
 impl Backend for Postgres {
     type Store = idem_store::PgStore;
@@ -335,7 +335,7 @@ impl Backend for Postgres {
 }
 
 async fn postgres() -> Postgres {
-    Postgres(idem_store::testing::PgTestDatabase::create().await)
+    Postgres(idem_testkit::postgres::PgTestDatabase::create().await)
 }
 
 in_flight_tests!(postgres, postgres();

@@ -218,11 +218,12 @@ pub fn assert_unavailable<T: std::fmt::Debug>(result: Result<T>) {
     }
 }
 
-/// Every operation of `store`, whose connections go through `relay`, ends within `deadline`
-/// with [`Error::Unavailable`] while the relay is a black hole (nothing gets through, nothing is
-/// refused: a dead host, a partition): no store call waits forever (docs/contract.md §12).
-/// With `transactional`, a claim in a transaction too, which may take its wait on top. The
-/// relay is cleared again at the end.
+/// Every operation of `store` ends within `deadline` with [`Error::Unavailable`] while its
+/// connections lead into a black hole (nothing gets through, nothing is refused: a dead host, a
+/// partition): no store call waits forever (docs/contract.md §12). `black_hole(true)` must put
+/// the black hole between the store and its server (idem's tests: a fault relay of
+/// idem-testkit's), `black_hole(false)` take it away; it is taken away again at the end. With
+/// `transactional`, a claim in a transaction too, which may take its wait on top.
 ///
 /// The operations run at once, each timed from its own start.
 ///
@@ -232,7 +233,7 @@ pub fn assert_unavailable<T: std::fmt::Debug>(result: Result<T>) {
 /// `store` fails while the record is set up.
 pub async fn a_black_hole_is_unavailable_within<S: Store>(
     store: &S,
-    relay: &crate::fault_relay::FaultRelay,
+    black_hole: impl Fn(bool),
     deadline: Duration,
     transactional: Option<BoxedUnit<'_>>,
 ) {
@@ -243,7 +244,7 @@ pub async fn a_black_hole_is_unavailable_within<S: Store>(
     let key = scope("acct_a", "black-hole-key");
     // A record to act on, and pooled connections to the store, made before the black hole.
     claims(store, &key, fingerprint("{}"), 1, T0).await;
-    relay.set(crate::fault_relay::Fault::BlackHole);
+    black_hole(true);
     let wait = BLACK_HOLE_WAIT;
     type Op<'a> = Pin<Box<dyn Future<Output = (&'static str, Duration, String)> + Send + 'a>>;
     fn timed<'a, T: std::fmt::Debug>(
@@ -286,7 +287,7 @@ pub async fn a_black_hole_is_unavailable_within<S: Store>(
         ops.push(timed("begin_claim", begin_claim));
     }
     let results = futures_util::future::join_all(ops).await;
-    relay.clear();
+    black_hole(false);
     for (name, took, verdict) in results {
         assert!(verdict.is_empty(), "{name} in a black hole: {verdict}");
         let allowed = if name == "begin_claim" {

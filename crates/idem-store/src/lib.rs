@@ -93,10 +93,6 @@ mod tokio_pg;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "conformance")]
-pub mod fault_relay;
-#[cfg(all(feature = "conformance", feature = "postgres"))]
-pub mod testing;
-#[cfg(feature = "conformance")]
 pub mod watched;
 
 pub use error::{Error, Result, is_unavailable};

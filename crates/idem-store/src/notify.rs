@@ -408,8 +408,15 @@ mod tests {
     #[cfg(all(feature = "postgres", feature = "conformance"))]
     #[tokio::test]
     async fn postgres_tells_every_store_on_the_database() {
-        let db = crate::testing::PgTestDatabase::create().await;
-        let (one, two) = (db.store(2).await, db.store(2).await);
+        let db = idem_testkit::postgres::PgTestDatabase::create().await;
+        let (one, two) = (
+            crate::PgStore::from_pool(db.pool(2).await)
+                .await
+                .expect("migrate the test database"),
+            crate::PgStore::from_pool(db.pool(2).await)
+                .await
+                .expect("migrate the test database"),
+        );
         let (wake, mut rx) = heard();
         let listener = one.listen_outcomes(wake).await.unwrap();
         two.publish_outcome("label-from-two").await.unwrap();
@@ -424,16 +431,18 @@ mod tests {
     #[cfg(all(feature = "postgres", feature = "conformance"))]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_postgres_listener_follows_the_pool_to_another_host() {
-        use crate::fault_relay::FaultRelay;
+        use idem_testkit::fault_relay::FaultRelay;
         use sqlx::postgres::PgConnectOptions;
 
-        let db = crate::testing::PgTestDatabase::create().await;
+        let db = idem_testkit::postgres::PgTestDatabase::create().await;
         let direct: PgConnectOptions = db.url().parse().unwrap();
         let relay = || FaultRelay::start_to(direct.get_host(), direct.get_port(), 0);
         let (a, b) = (relay().await.unwrap(), relay().await.unwrap());
-        let url = crate::testing::with_hosts(db.url(), &[a.addr(), b.addr()], "");
+        let url = idem_testkit::postgres::with_hosts(db.url(), &[a.addr(), b.addr()], "");
         let store = crate::PgStore::connect(&url).await.unwrap();
-        let elsewhere = db.store(2).await;
+        let elsewhere = crate::PgStore::from_pool(db.pool(2).await)
+            .await
+            .expect("migrate the test database");
         let (wake, mut rx) = heard();
         let listener = store.listen_outcomes(wake).await.unwrap();
         let mut moves = store.primary_moves().expect("several hosts");

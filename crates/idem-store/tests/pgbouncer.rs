@@ -6,13 +6,13 @@
 #![cfg(feature = "tokio-postgres")]
 
 use idem_core::FencingToken;
-use idem_store::fault_relay::FaultRelay;
-use idem_store::testing::{PgTestDatabase, with_hosts};
 use idem_store::{
     OutcomeChannel, PgStore, TokioPgStore, TransactionalStore, TxClaim, admin_conformance,
     store_conformance, transactional_conformance,
 };
+use idem_testkit::fault_relay::FaultRelay;
 use idem_testkit::pgbouncer::PgBouncer;
+use idem_testkit::postgres::{PgTestDatabase, with_hosts};
 
 // Only the shared values: the shared transaction-mode tests run in the stores' own files.
 #[allow(dead_code, unused_macros, unused_imports)]

@@ -10,13 +10,13 @@ use idem_core::{
     Clock, Decision, FencingToken, Policy, RecordState, SystemClock, Timestamp, decide,
 };
 use idem_store::conformance::assert_unavailable;
-use idem_store::fault_relay::FaultRelay;
-use idem_store::testing::{PgTestDatabase, with_database, with_hosts};
 use idem_store::{
     ClaimOutcome, NewClaim, PgStore, Store, TransactionalStore, admin_conformance,
     shared_admin_conformance, shared_store_conformance, store_conformance,
     transactional_conformance,
 };
+use idem_testkit::fault_relay::FaultRelay;
+use idem_testkit::postgres::{PgTestDatabase, with_database, with_hosts};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 mod common;
@@ -39,7 +39,9 @@ pg_transaction_tests!(PgStore);
 /// A database of the test's own and a store on a pool of at most `max` connections to it.
 async fn store_of_its_own(max: u32) -> (PgTestDatabase, PgStore) {
     let db = PgTestDatabase::create().await;
-    let store = db.store(max).await;
+    let store = PgStore::from_pool(db.pool(max).await)
+        .await
+        .expect("migrate the test database");
     (db, store)
 }
 
@@ -330,7 +332,7 @@ async fn a_black_hole_is_unavailable_within_the_deadline() {
         .unwrap();
     idem_store::conformance::a_black_hole_is_unavailable_within(
         &store,
-        &relay,
+        |on| relay.set_black_hole(on),
         Duration::from_secs(8),
         Some(idem_store::conformance::begin_claim_of(&store)),
     )

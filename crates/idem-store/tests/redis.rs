@@ -11,11 +11,11 @@ use idem_core::{
     Timestamp, decide,
 };
 use idem_store::conformance::{assert_unavailable, fingerprint, scope};
-use idem_store::fault_relay::FaultRelay;
 use idem_store::{
     AdminStore, ClaimOutcome, NewClaim, RecordFilter, RedisStore, Store, admin_conformance,
     shared_admin_conformance, shared_store_conformance, store_conformance,
 };
+use idem_testkit::fault_relay::FaultRelay;
 use redis::Commands as _;
 
 const DEFAULT_URL: &str = "redis://127.0.0.1:6379/0";
@@ -304,7 +304,7 @@ async fn a_black_hole_is_unavailable_within_the_deadline() {
     .unwrap();
     idem_store::conformance::a_black_hole_is_unavailable_within(
         &store,
-        &relay,
+        |on| relay.set_black_hole(on),
         Duration::from_secs(4),
         None,
     )

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use idem_core::{FencingToken, Scope};
 use idem_store::conformance::assert_unavailable;
-use idem_store::fault_relay::FaultRelay;
-use idem_store::testing::PgTestDatabase;
 use idem_store::{
     ClaimOutcome, Store, TokioPgStore, TokioPgTx, TransactionalStore, TxClaim, admin_conformance,
     shared_admin_conformance, shared_store_conformance, store_conformance,
     transactional_conformance,
 };
+use idem_testkit::fault_relay::FaultRelay;
+use idem_testkit::postgres::PgTestDatabase;
 
 mod common;
 
@@ -108,7 +108,7 @@ async fn a_first_request_is_three_round_trips_and_a_replay_one() {
     let relay = FaultRelay::start_to(direct.get_host(), direct.get_port(), 0)
         .await
         .unwrap();
-    let url = idem_store::testing::with_hosts(db.url(), &[relay.addr()], "");
+    let url = idem_testkit::postgres::with_hosts(db.url(), &[relay.addr()], "");
     let store = TokioPgStore::connect(&url).await.unwrap().with_pool_size(1);
     create_notes(&store).await;
     let first_request = |key: &'static str, token: i64| {
@@ -204,7 +204,7 @@ async fn database_lost_after_connect_is_unavailable() {
     let relay = FaultRelay::start_to(direct.get_host(), direct.get_port(), 0)
         .await
         .unwrap();
-    let url = idem_store::testing::with_hosts(db.url(), &[relay.addr()], "");
+    let url = idem_testkit::postgres::with_hosts(db.url(), &[relay.addr()], "");
     let store = TokioPgStore::connect(&url).await.unwrap();
     let key = scope("lost-key-0001");
     let tx = begin_claimed(&store, &claim(&key, 1)).await;
@@ -318,13 +318,13 @@ async fn a_black_hole_is_unavailable_within_the_deadline() {
     let relay = FaultRelay::start_to(direct.get_host(), direct.get_port(), 0)
         .await
         .unwrap();
-    let url = idem_store::testing::with_hosts(db.url(), &[relay.addr()], "");
+    let url = idem_testkit::postgres::with_hosts(db.url(), &[relay.addr()], "");
     let store = TokioPgStore::connect(&url).await.unwrap();
     // A pooled transaction connection, made before the black hole.
     drop(store.client().await.unwrap());
     idem_store::conformance::a_black_hole_is_unavailable_within(
         &store,
-        &relay,
+        |on| relay.set_black_hole(on),
         Duration::from_secs(8),
         Some(idem_store::conformance::begin_claim_of(&store)),
     )

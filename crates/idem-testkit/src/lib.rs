@@ -13,11 +13,22 @@
 //!
 //! [`assert_unfinished_heads_are_closed`] checks that an HTTP server closes a connection
 //! whose request head never completes (a slowloris), whichever server it is.
+//!
+//! The rest puts real parts in a test's way: [`fault_relay`] a TCP relay that injects network
+//! faults, [`grpcio`] Python's gRPC client with its retry policy, [`postgres`] a throwaway
+//! database per test (feature `postgres`), [`pgbouncer`], [`redis_cluster`] and
+//! [`nats_cluster`] servers started from the machine's binaries. Test
+//! support lives here, not in the libraries it tests, so that a library's public surface holds
+//! only what its users call, and a change to a test helper rebuilds tests, not libraries.
 
 #![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
+pub mod fault_relay;
+pub mod grpcio;
 pub mod nats_cluster;
 pub mod pgbouncer;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod processes;
 pub mod redis_cluster;
 

@@ -965,7 +965,7 @@ async fn an_outcome_the_store_missed_is_stored_on_a_later_try_and_replays() {
 /// `with_replay_read` each reads first, and the answers are the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_tokio_postgres_the_layer_claims_first_unless_told_to_read() {
-    let db = idem_store::testing::PgTestDatabase::create().await;
+    let db = idem_testkit::postgres::PgTestDatabase::create().await;
     let inner = idem_store::TokioPgStore::connect(db.url()).await.unwrap();
     for (read_first, key, reads) in [(false, "claims-first-1", 0), (true, "reads-first-1", 2)] {
         let store = WatchedStore::new(inner.clone());

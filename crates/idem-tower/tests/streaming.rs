@@ -375,17 +375,17 @@ async fn sqlite_store() -> (idem_store::SqliteStore, tempfile::TempDir) {
     (store, dir)
 }
 
-async fn postgres_store() -> (idem_store::PgStore, idem_store::testing::PgTestDatabase) {
-    let db = idem_store::testing::PgTestDatabase::create().await;
+async fn postgres_store() -> (idem_store::PgStore, idem_testkit::postgres::PgTestDatabase) {
+    let db = idem_testkit::postgres::PgTestDatabase::create().await;
     let store = idem_store::PgStore::connect(db.url()).await.unwrap();
     (store, db)
 }
 
 async fn tokio_postgres_store() -> (
     idem_store::TokioPgStore,
-    idem_store::testing::PgTestDatabase,
+    idem_testkit::postgres::PgTestDatabase,
 ) {
-    let db = idem_store::testing::PgTestDatabase::create().await;
+    let db = idem_testkit::postgres::PgTestDatabase::create().await;
     let store = idem_store::TokioPgStore::connect(db.url()).await.unwrap();
     (store, db)
 }

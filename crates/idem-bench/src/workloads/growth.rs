@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::{Clock, SystemClock};
-use idem_store::testing::PgTestDatabase;
+use idem_testkit::postgres::PgTestDatabase;
 use serde::Serialize;
 use sqlx::{PgPool, SqlitePool};
 

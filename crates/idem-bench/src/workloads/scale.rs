@@ -40,7 +40,7 @@ pub(super) const SCALE_REDIS: &[Comparison] = &[Comparison::new(
 /// instances' URLs, connection by connection.
 pub(super) async fn scale_postgres(env: &Env) -> anyhow::Result<Prepared> {
     super::postgres_up().await?;
-    let db = idem_store::testing::PgTestDatabase::create().await;
+    let db = idem_testkit::postgres::PgTestDatabase::create().await;
     let mut prepared = Prepared::default();
     let mut urls = Vec::new();
     for _ in 0..4 {

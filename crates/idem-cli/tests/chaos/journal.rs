@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
-use idem_store::fault_relay::Fault;
+use idem_testkit::fault_relay::Fault;
 use serde::Serialize;
 use tokio::time::Instant;
 

@@ -4,7 +4,7 @@
 //! answer), while a seeded schedule kills the instances with SIGKILL and restarts them,
 //! crashes PostgreSQL (`pg_ctl stop -m immediate`) and starts it again, and disturbs the
 //! network between the instances and PostgreSQL: each instance reaches the database through a
-//! fault relay of its own ([`idem_store::fault_relay`]) that the schedule switches to latency
+//! fault relay of its own ([`idem_testkit::fault_relay`]) that the schedule switches to latency
 //! spikes, stalls, resets in the middle of a statement, or a black hole, for seconds at a time.
 //!
 //! Every attempt and every chaos event goes to a JSON-lines log (its path is printed first; the
@@ -51,8 +51,8 @@ use std::time::Duration;
 use checks::*;
 use futures_util::StreamExt;
 use idem_core::{Clock, SystemClock};
-use idem_store::fault_relay::LATENCY_MAX;
 use idem_store::{PgStore, Store};
+use idem_testkit::fault_relay::LATENCY_MAX;
 use journal::*;
 use load::*;
 use processes::Cluster;

@@ -8,7 +8,7 @@ use std::ops::{Deref, DerefMut, Range};
 use std::path::Path;
 use std::time::Duration;
 
-use idem_store::fault_relay::{Direction, Fault, FaultRelay, RelayStats};
+use idem_testkit::fault_relay::{Direction, Fault, FaultRelay, RelayStats};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};

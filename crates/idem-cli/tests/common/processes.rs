@@ -20,7 +20,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A database of one test on the shared server; dropping it drops the database.
 #[allow(unused_imports)] // not every test binary that includes this module uses it
-pub use idem_store::testing::PgTestDatabase as PgDatabase;
+pub use idem_testkit::postgres::PgTestDatabase as PgDatabase;
 
 /// A running `idem` command that serves HTTP (`serve`, `proxy`); dropping it kills the
 /// process.

@@ -17,8 +17,8 @@ pub async fn sqlite_store() -> (idem_store::SqliteStore, tempfile::TempDir) {
 }
 
 /// A store on a throwaway PostgreSQL database.
-pub async fn postgres_store() -> (idem_store::PgStore, idem_store::testing::PgTestDatabase) {
-    let db = idem_store::testing::PgTestDatabase::create().await;
+pub async fn postgres_store() -> (idem_store::PgStore, idem_testkit::postgres::PgTestDatabase) {
+    let db = idem_testkit::postgres::PgTestDatabase::create().await;
     let store = idem_store::PgStore::connect(db.url()).await.unwrap();
     (store, db)
 }

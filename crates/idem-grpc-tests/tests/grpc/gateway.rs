@@ -13,8 +13,8 @@ use rcgen::{
 use tonic::Code;
 use tonic::transport::{Identity, ServerTlsConfig};
 
-use crate::python::{assert_one_payment_per_key, grpcio};
 use crate::{LedgerTrailer, call, client, create, replayed};
+use idem_testkit::grpcio::{assert_one_payment_per_key, grpcio};
 
 /// A CA of the test's own and a certificate it signed for `localhost`, as PEM files.
 struct Pki {

@@ -1,87 +1,11 @@
 //! Python's grpcio (PyPI), with its own retry policy (a service config `retryPolicy` for
 //! `UNAVAILABLE` and `ABORTED`, `grpc.enable_retries`), sending each key from several threads
-//! at once: one payment per key. The client is scripts/grpc_python.py, run with the venv that
-//! scripts/grpc_python.sh installs (and reuses) under ~/.cache/idem-tools.
+//! at once: one payment per key. The client is scripts/grpc_python.py, through
+//! `idem_testkit::grpcio`.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-use serde_json::Value;
+use idem_testkit::grpcio::{assert_one_payment_per_key, grpcio};
 
 use crate::Server;
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The venv's python, with grpcio installed into it first if it is not there.
-fn python() -> PathBuf {
-    let script = root().join("scripts/grpc_python.sh");
-    let output = std::process::Command::new("bash")
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{} failed (it installs grpcio from PyPI into a venv): {}",
-        script.display(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
-}
-
-/// Runs scripts/grpc_python.py against `target` with `args`; what each copy of each key got.
-pub(crate) async fn grpcio(target: &str, args: &[&str]) -> BTreeMap<String, Vec<Value>> {
-    let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/payments.proto");
-    let output = tokio::process::Command::new(python())
-        .arg(root().join("scripts/grpc_python.py"))
-        .arg("--target")
-        .arg(target)
-        .arg("--proto")
-        .arg(proto)
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "grpc_python.py failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
-
-/// Checks that every copy of every key succeeded with the one payment of its key; returns the
-/// keys. Prints how many copies were replays.
-pub(crate) fn assert_one_payment_per_key(
-    label: &str,
-    results: &BTreeMap<String, Vec<Value>>,
-) -> Vec<String> {
-    let mut replays = 0;
-    let mut copies = 0;
-    for (key, answers) in results {
-        let mut ids: Vec<&str> = answers
-            .iter()
-            .map(|a| {
-                assert_eq!(a["code"], "OK", "{key}: {answers:?}");
-                a["id"].as_str().unwrap()
-            })
-            .collect();
-        ids.dedup();
-        assert_eq!(
-            ids.len(),
-            1,
-            "{key}: one payment for every copy: {answers:?}"
-        );
-        replays += answers.iter().filter(|a| a["replayed"] == true).count();
-        copies += answers.len();
-    }
-    eprintln!(
-        "{label}: {} keys, {copies} calls, all OK, one payment id per key, {replays} replays",
-        results.len()
-    );
-    results.keys().cloned().collect()
-}
 
 /// Lease mode: a copy that finds its key in use gets `ABORTED` with a pushback, and grpcio's
 /// retry comes back for the replay. `flaky` keys fail `UNAVAILABLE` on their first run, which is

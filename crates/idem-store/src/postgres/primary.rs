@@ -247,9 +247,9 @@ mod tests {
     use sqlx::{AssertSqlSafe, Executor as _};
 
     use super::*;
-    use crate::fault_relay::FaultRelay;
-    use crate::testing::{PgTestDatabase, with_hosts};
     use crate::{ClaimOutcome, Error, NewClaim, PgStore, Store, is_unavailable};
+    use idem_testkit::fault_relay::FaultRelay;
+    use idem_testkit::postgres::{PgTestDatabase, with_hosts};
 
     /// The tests' clock, standing still: what they read needs no time to pass.
     const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -385,7 +385,11 @@ mod tests {
         let db = PgTestDatabase::create().await;
         let host = host_for(&db).await;
         let url = with_hosts(db.url(), &[host.addr()], "target_session_attrs=read-write");
-        drop(db.store(1).await);
+        drop(
+            crate::PgStore::from_pool(db.pool(1).await)
+                .await
+                .expect("migrate the test database"),
+        );
         set_read_only(&db, true).await;
         let refused = PgStore::connect(&url).await.unwrap_err();
         assert!(

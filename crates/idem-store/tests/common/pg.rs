@@ -10,8 +10,8 @@ use idem_core::{
 };
 #[cfg(feature = "tokio-postgres")]
 use idem_store::TokioPgStore;
-use idem_store::testing::PgTestDatabase;
 use idem_store::{NewClaim, PgStore, Result, TransactionalStore, TxClaim};
+use idem_testkit::postgres::PgTestDatabase;
 use sqlx::PgPool;
 
 pub(crate) const T0: Timestamp = Timestamp(1_800_000_000_000);
@@ -79,7 +79,9 @@ pub(crate) trait PgTestStore: TransactionalStore {
 
 impl PgTestStore for PgStore {
     async fn with_connections(db: &PgTestDatabase, max: usize) -> Self {
-        db.store(max as u32).await
+        PgStore::from_pool(db.pool(max as u32).await)
+            .await
+            .expect("migrate the test database")
     }
 
     fn sqlx_pool(&self) -> &PgPool {
@@ -418,7 +420,7 @@ macro_rules! pg_transaction_tests {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
-                let db = idem_store::testing::PgTestDatabase::create().await;
+                let db = idem_testkit::postgres::PgTestDatabase::create().await;
                 $crate::common::pg::$name::<$store>(db).await;
             }
         )*

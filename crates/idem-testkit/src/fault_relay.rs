@@ -9,7 +9,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use idem_store::fault_relay::{Fault, FaultRelay};
+//! use idem_testkit::fault_relay::{Fault, FaultRelay};
 //! # async fn demo() -> std::io::Result<()> {
 //! let relay = FaultRelay::start("127.0.0.1:5432".parse().unwrap(), 42).await?;
 //! let url = format!("postgres://postgres@{}/postgres", relay.addr());
@@ -201,6 +201,16 @@ impl FaultRelay {
     /// Back to plain forwarding; held chunks and connections go on.
     pub fn clear(&self) {
         self.state.send_modify(|state| state.fault = None);
+    }
+
+    /// A black hole when `on`, plain forwarding when not: the switch idem-store's conformance
+    /// suite (`a_black_hole_is_unavailable_within`) takes.
+    pub fn set_black_hole(&self, on: bool) {
+        if on {
+            self.set(Fault::BlackHole);
+        } else {
+            self.clear();
+        }
     }
 
     /// The fault in force.

@@ -1,6 +1,9 @@
-//! Test support for every crate that tests against PostgreSQL: a database of its own per
-//! test, on the server at `IDEM_TEST_PG_URL` (default: the local server with trust
-//! authentication), dropped when the test ends, pass or fail.
+//! A PostgreSQL database of its own per test, on the server at `IDEM_TEST_PG_URL` (default: the
+//! local server with trust authentication), dropped when the test ends, pass or fail.
+//!
+//! A test that wants idem's store on it migrates a pool itself
+//! (`PgStore::from_pool(db.pool(4).await)`): this crate is below idem-store, whose own tests
+//! use it.
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
@@ -10,7 +13,7 @@ const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 /// The administrative URL tests connect to.
 pub fn admin_url() -> String {
     std::env::var("IDEM_TEST_PG_URL").unwrap_or_else(|_| {
-        idem_testkit::require(idem_testkit::Service::Postgres);
+        crate::require(crate::Service::Postgres);
         DEFAULT_ADMIN_URL.to_owned()
     })
 }
@@ -106,17 +109,6 @@ impl PgTestDatabase {
             .connect(&self.url)
             .await
             .expect("connect to the test database")
-    }
-
-    /// A store on a pool of at most `max` connections.
-    ///
-    /// # Panics
-    ///
-    /// When the database cannot be reached or its migrations fail.
-    pub async fn store(&self, max: u32) -> crate::PgStore {
-        crate::PgStore::from_pool(self.pool(max).await)
-            .await
-            .expect("migrate the test database")
     }
 }
 
