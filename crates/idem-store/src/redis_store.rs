@@ -42,18 +42,11 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// request should get its `503` well within a client's timeout.
 const RECONNECT_RETRIES: usize = 2;
 
-// Every script that judges or writes a time reads Redis's clock first, as `now` (Unix
+// The scripts are Lua files in `redis_store/lua/`, put together at compile time. Every script
+// that judges or writes a time begins with `now.lua`, which reads Redis's clock as `now` (Unix
 // milliseconds): the one clock of every instance on this store (docs/contract.md §12). Since
 // Redis 5 a script's writes are replicated as their effects, so a script may read `TIME`
-// before it writes. (A macro, so that `concat!` can put it at the head of each script.)
-macro_rules! redis_now {
-    () => {
-        "
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-"
-    };
-}
+// before it writes.
 
 // Claims a key if no record holds it, or replaces a record the claim may replace (completed and
 // past its retention; or, if allowed, a stale claim of the same request; never an in-progress
@@ -69,131 +62,64 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 // KEYS: record, index. ARGV: request_hash, lease_ms, retention_ms, fencing_token, take_over
 // (1/0), trim (the slack in ms, or empty).
 const CLAIM: &str = concat!(
-    redis_now!(),
-    r"
-local record, index = KEYS[1], KEYS[2]
-local held = redis.call('HMGET', record, 'status', 'expires_at', 'lease_until', 'request_hash')
-local status = held[1]
-if status then
-    local expired = status == 'completed' and tonumber(held[2]) <= now
-    local take_over = ARGV[5] == '1' and status == 'in_progress'
-        and tonumber(held[3]) <= now and held[4] == ARGV[1]
-    if not (expired or take_over) then
-        return {now, redis.call('HGETALL', record)}
-    end
-    redis.call('DEL', record)
-end
-redis.call('HSET', record,
-    'request_hash', ARGV[1], 'status', 'in_progress', 'created_at', string.format('%d', now),
-    'expires_at', string.format('%d', now + tonumber(ARGV[3])),
-    'lease_until', string.format('%d', now + tonumber(ARGV[2])), 'fencing_token', ARGV[4])
-redis.call('ZADD', index, '+inf', record)
-if ARGV[6] ~= '' then
-    redis.call('ZREMRANGEBYSCORE', index, '-inf',
-        '(' .. string.format('%d', now - tonumber(ARGV[6])))
-end
-return 1
-"
+    include_str!("redis_store/lua/now.lua"),
+    include_str!("redis_store/lua/claim.lua")
 );
 
 // The record and Redis's now, for a read whose record's times are moved into the caller's
 // frame.
 //
 // KEYS: record.
-const GET: &str = concat!(redis_now!(), "return {now, redis.call('HGETALL', KEYS[1])}");
+const GET: &str = concat!(
+    include_str!("redis_store/lua/now.lua"),
+    include_str!("redis_store/lua/get.lua")
+);
 
 // What a completion writes once its script has found the record in progress, `held` holding
 // its `expires_at` and `created_at` as [3] and [4]: the outcome, the record's retention
 // (expires_at less created_at, as claimed) counted from now, its index entry at the new expiry
-// (sweepable then), and its first TTL, for then plus the slack. Shared by `COMPLETE` and an
-// operator's `FORCE_COMPLETE`, so that an outcome resolved by hand is kept and forgotten
-// exactly as one its claim stored.
+// (sweepable then), and its first TTL, for then plus the slack: `store_outcome.lua`. Shared by
+// `COMPLETE` and an operator's `FORCE_COMPLETE`, so that an outcome resolved by hand is kept and
+// forgotten exactly as one its claim stored.
 //
 // ARGV (the first six): response_code, response_headers, response_body, body_omitted (1/0),
 // slack_ms, max_ttl_ms.
-macro_rules! store_outcome {
-    () => {
-        r"
-local retention = tonumber(held[3]) - tonumber(held[4])
-local expires_at = string.format('%d', now + retention)
-redis.call('HSET', record, 'status', 'completed', 'response_code', ARGV[1],
-    'response_headers', ARGV[2], 'response_body', ARGV[3], 'body_omitted', ARGV[4],
-    'expires_at', expires_at)
-redis.call('ZADD', index, expires_at, record)
-local ttl = math.max(1, math.min(retention + tonumber(ARGV[5]), tonumber(ARGV[6])))
-redis.call('PEXPIRE', record, string.format('%d', ttl))
-return 1
-"
-    };
-}
 
 // Stores the outcome if the claim holding the token still holds the key.
 //
-// KEYS: record, index. ARGV: those of `store_outcome!`, then fencing_token.
+// KEYS: record, index. ARGV: those of `store_outcome.lua`, then fencing_token.
 const COMPLETE: &str = concat!(
-    redis_now!(),
-    r"
-local record, index = KEYS[1], KEYS[2]
-local held = redis.call('HMGET', record, 'status', 'fencing_token', 'expires_at', 'created_at')
-if held[1] ~= 'in_progress' or held[2] ~= ARGV[7] then
-    return 0
-end
-",
-    store_outcome!()
+    include_str!("redis_store/lua/now.lua"),
+    include_str!("redis_store/lua/complete_check.lua"),
+    include_str!("redis_store/lua/store_outcome.lua")
 );
 
 // Stores an operator's outcome of a record in progress, whatever claim holds it.
 //
-// KEYS: record, index. ARGV: those of `store_outcome!`.
+// KEYS: record, index. ARGV: those of `store_outcome.lua`.
 const FORCE_COMPLETE: &str = concat!(
-    redis_now!(),
-    r"
-local record, index = KEYS[1], KEYS[2]
-local held = redis.call('HMGET', record, 'status', 'fencing_token', 'expires_at', 'created_at')
-if held[1] ~= 'in_progress' then
-    return 0
-end
-",
-    store_outcome!()
+    include_str!("redis_store/lua/now.lua"),
+    include_str!("redis_store/lua/force_complete_check.lua"),
+    include_str!("redis_store/lua/store_outcome.lua")
 );
 
 // Moves the lease of the claim holding the token to `lease_ms` past now.
 //
 // KEYS: record. ARGV: fencing_token, lease_ms.
 const RENEW: &str = concat!(
-    redis_now!(),
-    r"
-local record = KEYS[1]
-local held = redis.call('HMGET', record, 'status', 'fencing_token')
-if held[1] ~= 'in_progress' or held[2] ~= ARGV[1] then
-    return 0
-end
-redis.call('HSET', record, 'lease_until', string.format('%d', now + tonumber(ARGV[2])))
-return 1
-"
+    include_str!("redis_store/lua/now.lua"),
+    include_str!("redis_store/lua/renew.lua")
 );
 
 // Deletes the in-progress record of the claim holding the token.
 //
 // KEYS: record, index. ARGV: fencing_token.
-const RELEASE: &str = r"
-local record, index = KEYS[1], KEYS[2]
-local held = redis.call('HMGET', record, 'status', 'fencing_token')
-if held[1] ~= 'in_progress' or held[2] ~= ARGV[1] then
-    return 0
-end
-redis.call('DEL', record)
-redis.call('ZREM', index, record)
-return 1
-";
+const RELEASE: &str = include_str!("redis_store/lua/release.lua");
 
 // Deletes a record whatever its state, and its index entry: `1` if there was one.
 //
 // KEYS: record, index.
-const PURGE: &str = r"
-redis.call('ZREM', KEYS[2], KEYS[1])
-return redis.call('DEL', KEYS[1])
-";
+const PURGE: &str = include_str!("redis_store/lua/purge.lua");
 
 // Reads the records among KEYS (entries of one index, so of one slot on a cluster) that a
 // listing wants: in the state ARGV[1] names (`in_progress`, `completed`, or empty for either)
@@ -201,21 +127,8 @@ return redis.call('DEL', KEYS[1])
 // (ms: the caller's bound less the caller's now). Returns Redis's now and, for each record
 // wanted, its place in KEYS and its fields. A record gone since its entry was read is left out.
 const LIST: &str = concat!(
-    redis_now!(),
-    r"
-local state, stale = ARGV[1], ARGV[2]
-local found = {}
-for i, record in ipairs(KEYS) do
-    local held = redis.call('HMGET', record, 'status', 'lease_until')
-    local status = held[1]
-    if status and (state == '' or status == state) and (stale == ''
-            or (status == 'in_progress' and tonumber(held[2]) <= now + tonumber(stale))) then
-        found[#found + 1] = i
-        found[#found + 1] = redis.call('HGETALL', record)
-    end
-end
-return {now, found}
-"
+    include_str!("redis_store/lua/now.lua"),
+    include_str!("redis_store/lua/list.lua")
 );
 
 // Deletes at most `batch` completed records past their retention, found through the index and
@@ -226,29 +139,8 @@ return {now, found}
 //
 // KEYS: index. ARGV: batch.
 const SWEEP: &str = concat!(
-    redis_now!(),
-    r"
-local index = KEYS[1]
-local deleted = 0
-local due = redis.call('ZRANGEBYSCORE', index, '-inf', string.format('%d', now),
-    'LIMIT', 0, ARGV[1])
-for _, record in ipairs(due) do
-    local held = redis.call('HMGET', record, 'status', 'expires_at')
-    local status = held[1]
-    if not status then
-        redis.call('ZREM', index, record)
-    elseif status == 'completed' and tonumber(held[2]) <= now then
-        redis.call('DEL', record)
-        redis.call('ZREM', index, record)
-        deleted = deleted + 1
-    elseif status == 'completed' then
-        redis.call('ZADD', index, held[2], record)
-    else
-        redis.call('ZADD', index, '+inf', record)
-    end
-end
-return deleted
-"
+    include_str!("redis_store/lua/now.lua"),
+    include_str!("redis_store/lua/sweep.lua")
 );
 
 /// Records in Redis, every key under one prefix, for lease mode: on one server (or a primary
@@ -879,7 +771,7 @@ fn headers_json(response: &StoredResponse) -> String {
     serde_json::to_string(&response.headers).expect("headers always serialise")
 }
 
-/// The arguments of `store_outcome!` (`headers` is [`headers_json`] of `response`).
+/// The arguments of `store_outcome.lua` (`headers` is [`headers_json`] of `response`).
 fn outcome_args(call: &mut Cmd, response: &StoredResponse, headers: &str) {
     call.arg(response.status)
         .arg(headers)

@@ -1,0 +1,1 @@
+return {now, redis.call('HGETALL', KEYS[1])}
