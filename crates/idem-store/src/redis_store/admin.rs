@@ -24,16 +24,17 @@ impl AdminStore for RedisStore {
     async fn list(&self, filter: &RecordFilter, now: Timestamp) -> Result<Vec<Record>> {
         let limit = usize::try_from(filter.limit()).unwrap_or(usize::MAX);
         let mut listed = Newest::new(limit);
+        let mut frame = None;
         let started = Instant::now();
         for (index, members) in self.indexes() {
             let mut cursor = 0_u64;
             loop {
                 let (next, page) = self.scan(&index, cursor, &members, filter).await?;
-                // Each read takes its own Redis now (a cluster's, its node's), so each is
-                // given the caller's now moved on by the time the listing has taken: else a
-                // record read later would seem older by that time, and out of its place.
+                // The caller's now moved on by the time the listing has taken, for the
+                // script's lease bound.
                 let at = Timestamp(now.0.saturating_add(millis(started.elapsed())));
-                self.read(&page, &members, filter, at, &mut listed).await?;
+                self.read(&page, &members, filter, at, &mut frame, &mut listed)
+                    .await?;
                 if next == 0 {
                     break;
                 }
@@ -115,14 +116,19 @@ impl RedisStore {
     }
 
     /// Reads the records of `page` (entries of one index) that `filter` wants, and keeps them
-    /// in `listed` if they are among its newest, their times in the frame of the caller's
-    /// `now`.
+    /// in `listed` if they are among its newest, their times in the caller's frame.
+    ///
+    /// `frame` is the first read's pair of Redis's now and the caller's `now`, and every read
+    /// of a listing moves its records by that one pair. Moved by each read's own pair instead,
+    /// the records of a page read later than the caller reckoned (a busy server, a slow round
+    /// trip) would seem older by that delay, and a listing could put an older record first.
     async fn read(
         &self,
         page: &[String],
         members: &str,
         filter: &RecordFilter,
         now: Timestamp,
+        frame: &mut Option<(i64, Timestamp)>,
         listed: &mut Newest,
     ) -> Result<()> {
         if page.is_empty() {
@@ -146,6 +152,7 @@ impl RedisStore {
             .await?;
         let (store_now, found): (i64, Vec<Value>) =
             redis::from_redis_value(answer).map_err(|e| Error::Redis(e.into()))?;
+        let (store_now, now) = *frame.get_or_insert((store_now, now));
         for pair in found.chunks_exact(2) {
             let (place, fields): (usize, _) = (
                 redis::from_redis_value(pair[0].clone()).map_err(|e| Error::Redis(e.into()))?,
