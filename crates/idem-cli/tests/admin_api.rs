@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::common::{ALICE, RedisPrefix, TestServer, send, start_psp};
-use crate::keys_resolve::{left_in_progress, order, payout, proxy, serve, start_silent_upstream};
+use crate::keys_resolve::{left_in_progress, order, proxy, serve, start_silent_upstream};
+use crate::payouts::payout;
 
 const TOKEN: &str = "admin-token-for-the-tests-0001";
 

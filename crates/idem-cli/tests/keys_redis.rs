@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{RedisPrefix, Spawned, idem_output};
+use crate::keys_resolve::order;
 
 const REDIS: &str = "redis://127.0.0.1:6379/0";
 
@@ -60,16 +61,6 @@ fn start_proxy(dir: &std::path::Path, upstream: &str, prefix: &str) -> Spawned {
             .args(["--secret", "keys-redis-test-secret-of-32-bytes"])
             .current_dir(dir),
     )
-}
-
-fn order(url: &str, key: &str) -> reqwest::RequestBuilder {
-    reqwest::Client::new()
-        .post(format!("{url}/orders"))
-        .header("authorization", "Bearer t1")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(r#"{"sku":"A1"}"#)
-        .timeout(Duration::from_secs(30))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -13,7 +13,8 @@ use idem_core::{
 };
 use idem_store::{NewClaim, RedisStore, Store};
 
-use crate::common::{ALICE, RedisPrefix, Spawned, idem_output, send, start_psp};
+use crate::common::{RedisPrefix, Spawned, idem_output, send, start_psp};
+use crate::payouts::payout;
 
 pub(crate) const REDIS: &str = "redis://127.0.0.1:6379/0";
 
@@ -28,16 +29,6 @@ pub(crate) fn serve(db: &std::path::Path, psp: &str, lease: &str, extra: &[&str]
             .args(extra)
             .env_remove("IDEM_ADMIN_TOKEN"),
     )
-}
-
-pub(crate) fn payout(url: &str, key: &str) -> reqwest::RequestBuilder {
-    reqwest::Client::new()
-        .post(format!("{url}/payouts"))
-        .bearer_auth(ALICE)
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(r#"{"amount": 2500, "currency": "EUR"}"#)
-        .timeout(Duration::from_secs(30))
 }
 
 /// Leaves `key`'s payout in progress on `db`: a server frozen at `pause` is killed.

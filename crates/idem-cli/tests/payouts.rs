@@ -57,7 +57,7 @@ fn keys(args: &[&str]) -> (Option<i32>, String, String) {
     idem_output("keys", args)
 }
 
-fn payout(url: &str, key: &str) -> reqwest::RequestBuilder {
+pub(crate) fn payout(url: &str, key: &str) -> reqwest::RequestBuilder {
     reqwest::Client::new()
         .post(format!("{url}/payouts"))
         .bearer_auth(ALICE)
