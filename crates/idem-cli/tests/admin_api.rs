@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::common::{ALICE, RedisPrefix, TestServer, send, start_psp};
-use crate::keys_resolve::{left_in_progress, order, proxy, serve, start_silent_upstream};
+use crate::keys_resolve::{
+    left_in_progress, order, proxy, retries_replay_and_rerun, serve, start_silent_upstream,
+};
 use crate::payouts::payout;
 
 const TOKEN: &str = "admin-token-for-the-tests-0001";
@@ -311,18 +313,6 @@ async fn the_proxys_admin_api_resolves_keys_a_killed_proxy_left_on_redis() {
     assert_eq!((status, resolved), (200, json!({"resolved": "released"})));
 
     // The retries through the running proxy.
-    let retry = order(&second.url, "api-order-resolved")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(retry.status(), 201);
-    assert!(retry.headers().contains_key("idempotent-replayed"));
-    assert_eq!(retry.text().await.unwrap(), r#"{"id":"order-by-api"}"#);
-    let again = tokio::spawn(order(&second.url, "api-order-released").send());
-    let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
-    assert_eq!(
-        arrived.expect("sent upstream again").as_deref(),
-        Some("api-order-released")
-    );
-    again.abort();
+    let resolved = ("api-order-resolved", r#"{"id":"order-by-api"}"#);
+    retries_replay_and_rerun(&second.url, resolved, "api-order-released", &mut arrivals).await;
 }

@@ -341,18 +341,27 @@ async fn keys_finds_a_callers_keys_by_credential_and_resolves_them_on_redis() {
     // The retries through a proxy started again: the resolved one replays the operator's
     // answer, the released one goes upstream again.
     let second = proxy(dir.path(), &upstream, &prefix.0, &[]);
-    let retry = order(&second.url, "order-resolved-01")
-        .send()
-        .await
-        .unwrap();
+    let resolved = ("order-resolved-01", r#"{"id":"order-by-operator"}"#);
+    retries_replay_and_rerun(&second.url, resolved, "order-released-01", &mut arrivals).await;
+}
+
+/// The retries of two orders through the proxy at `url`: `resolved` (key, body) replays the
+/// answer an operator stored, and `released` goes upstream again (seen on `arrivals`).
+pub(crate) async fn retries_replay_and_rerun(
+    url: &str,
+    (resolved, body): (&str, &str),
+    released: &str,
+    arrivals: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let retry = order(url, resolved).send().await.unwrap();
     assert_eq!(retry.status(), 201);
     assert!(retry.headers().contains_key("idempotent-replayed"));
-    assert_eq!(retry.text().await.unwrap(), r#"{"id":"order-by-operator"}"#);
-    let again = tokio::spawn(order(&second.url, "order-released-01").send());
+    assert_eq!(retry.text().await.unwrap(), body);
+    let again = tokio::spawn(order(url, released).send());
     let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
     assert_eq!(
         arrived.expect("sent upstream again").as_deref(),
-        Some("order-released-01")
+        Some(released)
     );
     again.abort();
 }
