@@ -76,6 +76,14 @@ impl RedisCluster {
                 cluster_ok(node.port)
             });
         }
+        // `--cluster create` makes the replicas replicas after the cluster says ok, and the news
+        // travels by gossip: until every node has it, a replica-to-be is listed as a primary
+        // with no slots (a test counting primaries would count four of three). And `in_sync`
+        // below takes a node that still calls itself a primary for one.
+        let roles = (masters, masters * replicas);
+        wait_until("the cluster lists every primary and replica", || {
+            (cluster.masters().len(), cluster.replicas().len()) == roles
+        });
         // A replica that has not finished its first copy of its primary's data set refuses to
         // take over from it ("disconnected from master for longer than allowed"): a primary
         // killed before then would leave its slots unserved for good.
