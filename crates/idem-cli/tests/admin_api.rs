@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::common::{ALICE, RedisPrefix, TestServer, send, start_psp};
 use crate::keys_resolve::{
-    left_in_progress, order, proxy, retries_replay_and_rerun, serve, start_silent_upstream,
+    left_in_progress, proxy, retries_replay_and_rerun, serve, start_silent_upstream, strand_orders,
 };
 use crate::payouts::payout;
 
@@ -234,7 +234,7 @@ async fn the_proxys_admin_api_resolves_keys_a_killed_proxy_left_on_redis() {
     let prefix = RedisPrefix::new("admin-api");
     let dir = tempfile::tempdir().unwrap();
     let (upstream, mut arrivals) = start_silent_upstream().await;
-    let mut first = proxy(dir.path(), &upstream, &prefix.0, &[]);
+    let first = proxy(dir.path(), &upstream, &prefix.0, &[]);
     // Without --admin-token, /admin is the upstream's path like any other.
     let (status, _, _) = json_of(admin(
         reqwest::Method::GET,
@@ -243,19 +243,12 @@ async fn the_proxys_admin_api_resolves_keys_a_killed_proxy_left_on_redis() {
     ))
     .await;
     assert_eq!(status, 404, "the upstream's own 404");
-    let mut lost = Vec::new();
-    for key in ["api-order-resolved", "api-order-released"] {
-        lost.push(tokio::spawn(order(&first.url, key).send()));
-        let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
-        assert_eq!(
-            arrived.expect("the order reaches the upstream").as_deref(),
-            Some(key)
-        );
-    }
-    first.kill9();
-    for lost in lost {
-        assert!(lost.await.unwrap().is_err());
-    }
+    strand_orders(
+        first,
+        &["api-order-resolved", "api-order-released"],
+        &mut arrivals,
+    )
+    .await;
 
     let second = proxy(dir.path(), &upstream, &prefix.0, &["--admin-token", TOKEN]);
     let keys = format!("{}/admin/keys", second.url);

@@ -239,23 +239,13 @@ async fn keys_finds_a_callers_keys_by_credential_and_resolves_them_on_redis() {
     let (upstream, mut arrivals) = start_silent_upstream().await;
 
     // A proxy dies while the upstream holds two of Bearer t1's orders.
-    let mut first = proxy(dir.path(), &upstream, &prefix.0, &[]);
-    let mut lost = Vec::new();
-    for key in ["order-resolved-01", "order-released-01"] {
-        lost.push(tokio::spawn(order(&first.url, key).send()));
-        let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
-        assert_eq!(
-            arrived.expect("the order reaches the upstream").as_deref(),
-            Some(key)
-        );
-    }
-    first.kill9();
-    for lost in lost {
-        assert!(
-            lost.await.unwrap().is_err(),
-            "the client never got an answer"
-        );
-    }
+    let first = proxy(dir.path(), &upstream, &prefix.0, &[]);
+    strand_orders(
+        first,
+        &["order-resolved-01", "order-released-01"],
+        &mut arrivals,
+    )
+    .await;
     // And another caller's record of unknown outcome: claimed with a lease that ran out at
     // once, as a gateway that stalled past its lease leaves it.
     let store = RedisStore::connect(REDIS, prefix.0.clone()).await.unwrap();
@@ -343,6 +333,31 @@ async fn keys_finds_a_callers_keys_by_credential_and_resolves_them_on_redis() {
     let second = proxy(dir.path(), &upstream, &prefix.0, &[]);
     let resolved = ("order-resolved-01", r#"{"id":"order-by-operator"}"#);
     retries_replay_and_rerun(&second.url, resolved, "order-released-01", &mut arrivals).await;
+}
+
+/// Sends an order per key through `proxy`, and once the upstream holds them all kills the
+/// proxy (`kill -9`): each key is left in progress, and its client never gets an answer.
+pub(crate) async fn strand_orders(
+    mut proxy: Spawned,
+    keys: &[&str],
+    arrivals: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let mut lost = Vec::new();
+    for &key in keys {
+        lost.push(tokio::spawn(order(&proxy.url, key).send()));
+        let arrived = tokio::time::timeout(Duration::from_secs(30), arrivals.recv()).await;
+        assert_eq!(
+            arrived.expect("the order reaches the upstream").as_deref(),
+            Some(key)
+        );
+    }
+    proxy.kill9();
+    for lost in lost {
+        assert!(
+            lost.await.unwrap().is_err(),
+            "the client never got an answer"
+        );
+    }
 }
 
 /// The retries of two orders through the proxy at `url`: `resolved` (key, body) replays the
