@@ -209,8 +209,7 @@ impl Cluster {
             .arg("-D")
             .arg(&cluster.data)
             .args(["-A", "trust", "-U", "postgres", "--no-sync"]));
-        cluster.start_again();
-        cluster
+        cluster.start_on_a_free_port()
     }
 
     /// A hot standby of this cluster, streaming from it, started: a copy made with
@@ -223,8 +222,7 @@ impl Cluster {
             .arg(&standby.data)
             .args(self.client_args())
             .args(["-R", "-X", "stream", "--no-sync"]));
-        standby.start_again();
-        standby
+        standby.start_on_a_free_port()
     }
 
     /// Runs `sql` as `postgres` with psql (one statement per call: `ALTER SYSTEM` refuses to
@@ -277,16 +275,57 @@ impl Cluster {
     /// Starts the server and waits until it accepts connections (after crash recovery, if
     /// it crashed).
     pub fn start_again(&self) {
+        if let Err(failure) = self.try_start() {
+            panic!("{failure}");
+        }
+    }
+
+    /// Starts a new cluster. The port [`free_port`] found free may have been taken since,
+    /// often by a client socket given it as its ephemeral port; then the server cannot bind
+    /// it and exits, and the cluster starts again on another port.
+    fn start_on_a_free_port(mut self) -> Self {
+        for _ in 0..4 {
+            let logged_before = self.log().len();
+            match self.try_start() {
+                Ok(()) => return self,
+                Err(_) if self.log()[logged_before..].contains("could not bind") => {
+                    self.port = free_port();
+                    self.url = format!("postgres://postgres@127.0.0.1:{}/postgres", self.port);
+                }
+                Err(failure) => panic!("{failure}"),
+            }
+        }
+        panic!(
+            "no free port for a test cluster after 4 tries; its log:\n{}",
+            self.log()
+        )
+    }
+
+    /// `pg_ctl start`, waiting; on failure, what it and the server's log said.
+    fn try_start(&self) -> Result<(), String> {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1",
             self.port,
             self.dir.path().display()
         );
-        run(self
-            .pg_ctl()
+        let mut command = self.pg_ctl();
+        command
             .arg("-l")
             .arg(self.dir.path().join("postgres.log"))
-            .args(["-w", "-t", "60", "-o", &options, "start"]));
+            .args(["-w", "-t", "60", "-o", &options, "start"]);
+        let output = command
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+        if output.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{command:?} failed ({}):\n{}{}\nthe server's log:\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+            self.log()
+        ))
     }
 
     /// Stops the server with `-m immediate`: every server process quits at once, with no
