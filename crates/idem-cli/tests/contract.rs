@@ -463,7 +463,7 @@ async fn the_published_rules_health_and_metrics() {
         "{metrics}"
     );
     assert!(
-        metrics.contains("idem_requests_total{outcome=\"replay\"}"),
+        metrics.contains("idem_requests_total{outcome=\"replayed\"}"),
         "{metrics}"
     );
     server.stop().await;

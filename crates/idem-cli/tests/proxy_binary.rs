@@ -68,7 +68,7 @@ async fn the_proxy_answers_health_and_metrics_and_replays() {
     }
     let metrics = metrics(&client, url).await;
     assert!(
-        metrics.contains("idem_requests_total{outcome=\"replay\"}"),
+        metrics.contains("idem_requests_total{outcome=\"replayed\"}"),
         "{metrics}"
     );
     // The scope secret was made and kept in the store, beside the records it scopes, where

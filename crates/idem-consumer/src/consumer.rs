@@ -142,6 +142,25 @@ impl<H: Handler> Consumer<H> {
         delivery: D,
         stats: &mut ConsumerStats,
     ) -> Result<(), BrokerError> {
+        // One span per delivery, as the HTTP layer makes one per request (docs/contract.md
+        // §15): its outcome is the `idem_consumer_events_total` label. The event's id is the
+        // dedup key, so it is not recorded.
+        let span = tracing::info_span!(
+            target: "idem::request",
+            "idempotency.message",
+            idempotency.mode = "inbox",
+            idempotency.outcome = tracing::field::Empty,
+            messaging.consumer.group.name = %self.name,
+            messaging.message.delivery_attempt = delivery.attempt(),
+        );
+        tracing::Instrument::instrument(self.settle_in_span(delivery, stats), span).await
+    }
+
+    async fn settle_in_span<D: Delivery>(
+        &self,
+        delivery: D,
+        stats: &mut ConsumerStats,
+    ) -> Result<(), BrokerError> {
         let attempt = delivery.attempt();
         let id = delivery.message().id.clone();
         if attempt > self.delivery_limit {
@@ -183,6 +202,7 @@ impl<H: Handler> Consumer<H> {
 
     fn count(&self, field: &mut u64, outcome: &'static str) {
         *field += 1;
+        tracing::Span::current().record("idempotency.outcome", outcome);
         metrics::counter!("idem_consumer_events_total", "consumer" => self.name.clone(), "outcome" => outcome)
             .increment(1);
     }

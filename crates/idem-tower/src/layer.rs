@@ -30,6 +30,7 @@ use crate::response::{MadeBody, Refusal, Refused, Served, answer, store_unavaila
 use crate::section::{Panicked, Section};
 use crate::signal::LazyListener;
 use crate::sweep::{DEFAULT_SWEEP_EVERY, Sweeper};
+use crate::telemetry;
 use crate::{OutcomeSignal, Reconciliation};
 
 /// Finds the account a request acts for, or says why there is none.
@@ -546,7 +547,8 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
-        ResponseFuture::guarded(Box::pin(async move {
+        let span = telemetry::request_span(layer.mode.name(), grpc);
+        ResponseFuture::guarded(Box::pin(telemetry::in_request_span(span, async move {
             let (link, errors) = (layer.policy_link.clone(), layer.errors);
             let mut response = guard(layer, inner, request, grpc).await?;
             let Some(Refused { problem, kind }) = response.extensions().get::<Refused>().cloned()
@@ -565,7 +567,7 @@ where
                 *response.body_mut() = ResponseBody::from(Bytes::from(problem.to_json_in(errors)));
             }
             Ok(response)
-        }))
+        })))
     }
 }
 
@@ -632,7 +634,7 @@ where
     // From the claim to the stored outcome the work runs to its end: a client that hangs up
     // drops this future, and the section goes on in a task of its own, so the record is never
     // left half-written.
-    match Section::new(layer.mode.run(claim, inner, request)).await {
+    match Section::new(telemetry::in_section(layer.mode.run(claim, inner, request))).await {
         Ok(result) => result,
         // The handler's own panics are answered inside the section, where the claim can be
         // let go; this is one in the layer's own steps.
@@ -700,6 +702,7 @@ where
         },
     };
     let scope = Scope::new(account, key);
+    telemetry::record_key(&scope);
     layer
         .mode
         .ready()
@@ -917,8 +920,7 @@ async fn replay_read<St: Store, B: MadeBody>(
     fingerprint: &Fingerprint,
     now: Timestamp,
 ) -> Result<(), Response<B>> {
-    let existing = store
-        .get(scope, now)
+    let existing = telemetry::store_call("get", store.get(scope, now))
         .await
         .map_err(|e| store_unavailable(&e))?;
     let decision = decide(existing.as_ref(), fingerprint, now);

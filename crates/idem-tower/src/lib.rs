@@ -99,6 +99,7 @@ mod response;
 mod section;
 mod signal;
 mod sweep;
+mod telemetry;
 mod tx;
 
 #[cfg(feature = "axum")]
@@ -114,4 +115,5 @@ pub use reconcile::Reconciliation;
 pub use response::{IDEMPOTENT_REPLAY, IDEMPOTENT_REPLAYED};
 pub use signal::OutcomeSignal;
 pub use sweep::{DEFAULT_SWEEP_EVERY, spawn_sweeper};
+pub use telemetry::{REQUEST_SPAN_TARGET, STORE_SPAN_TARGET};
 pub use tx::{NoTransaction, Tx};

@@ -21,6 +21,7 @@ use crate::response::{
 };
 use crate::section::{Panicked, catch_panic};
 use crate::signal::LazyListener;
+use crate::telemetry;
 use crate::{Outcome, OutcomeSignal, Reconciliation};
 
 /// How the layer makes a key's claim and its work atomic: [`TransactionMode`] or
@@ -38,6 +39,9 @@ pub(crate) mod sealed {
 
     /// The part of [`Mode`](super::Mode) only this crate sees.
     pub trait Run {
+        /// `transaction` or `lease`: the request span's `idempotency.mode`.
+        fn name(&self) -> &'static str;
+
         /// Whether this mode's claim answers a key that is taken as cheaply as a read would,
         /// so that reading before the claim only slows first requests.
         fn claim_answers_like_a_read(&self) -> bool;
@@ -131,6 +135,10 @@ impl<St: TransactionalStore> Mode for TransactionMode<St> {
 }
 
 impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
+    fn name(&self) -> &'static str {
+        "transaction"
+    }
+
     fn claim_answers_like_a_read(&self) -> bool {
         self.0.begin_claim_answers_like_a_read()
     }
@@ -211,7 +219,7 @@ impl<St: TransactionalStore> TransactionMode<St> {
     /// (a replay, a mismatch, a wait that ran out) or the store is unreachable.
     async fn claim_in_tx<B: MadeBody>(&self, claim: &Claim) -> ControlFlow<Response<B>, St::Tx> {
         let wait = claim.policy.in_flight_wait;
-        match self.0.begin_claim(&claim.new_claim, wait).await {
+        match telemetry::store_call("begin_claim", self.0.begin_claim(&claim.new_claim, wait)).await {
             Ok(TxClaim::Claimed(tx)) => ControlFlow::Continue(tx),
             Ok(TxClaim::Existing(record)) => {
                 let decision = decide(Some(&record), claim.fingerprint(), claim.clock.now());
@@ -238,16 +246,15 @@ impl<St: TransactionalStore> TransactionMode<St> {
     ) -> Response<B> {
         if outcome != Outcome::Store {
             Served::NotStored.count();
-            if let Err(e) = self.0.rollback(tx).await {
+            if let Err(e) = telemetry::store_call("rollback", self.0.rollback(tx)).await {
                 tracing::warn!(error = %ErrorChain(&e), "rollback failed");
             }
             return response;
         }
-        match self
+        let commit = self
             .0
-            .commit_response(tx, claim.scope(), claim.token(), stored)
-            .await
-        {
+            .commit_response(tx, claim.scope(), claim.token(), stored);
+        match telemetry::store_call("commit", commit).await {
             Ok(()) => {
                 Served::Fresh.count();
                 tracing::info!(key = %claim.scope().log_label(), status = stored.status, "stored");
@@ -268,6 +275,10 @@ impl<St: Store> Mode for LeaseMode<St> {
 }
 
 impl<St: Store> sealed::Run for LeaseMode<St> {
+    fn name(&self) -> &'static str {
+        "lease"
+    }
+
     fn claim_answers_like_a_read(&self) -> bool {
         self.store.claim_answers_like_a_read()
     }
@@ -350,15 +361,16 @@ impl<St: Store> LeaseMode<St> {
             claim.restamp(now);
             // Listen before claiming, so an outcome stored in between still wakes us.
             let mut woken = self.wait.as_ref().map(|wait| wait.signal.listen(label));
-            let record = match self.store.claim(&claim.new_claim).await {
-                Ok(ClaimOutcome::Claimed) => {
-                    drop(woken);
-                    self.forget_waiters(label);
-                    return ControlFlow::Continue(());
-                }
-                Ok(ClaimOutcome::Existing(record)) => record,
-                Err(e) => return ControlFlow::Break(store_unavailable(&e)),
-            };
+            let record =
+                match telemetry::store_call("claim", self.store.claim(&claim.new_claim)).await {
+                    Ok(ClaimOutcome::Claimed) => {
+                        drop(woken);
+                        self.forget_waiters(label);
+                        return ControlFlow::Continue(());
+                    }
+                    Ok(ClaimOutcome::Existing(record)) => record,
+                    Err(e) => return ControlFlow::Break(store_unavailable(&e)),
+                };
             let decision = decide(Some(&record), claim.fingerprint(), now);
             // A record whose outcome is unknown is worth waiting for only when a reconciler
             // will resolve it (and wake us).
@@ -402,11 +414,8 @@ impl<St: Store> LeaseMode<St> {
     async fn renewing_lease<T>(&self, claim: &Claim, work: impl Future<Output = T>) -> T {
         renew_while(claim.policy.lease / 3, work, || async {
             let (hold, now) = (claim.policy.lease_hold(), claim.clock.now());
-            match self
-                .store
-                .renew(claim.scope(), claim.token(), hold, now)
-                .await
-            {
+            let renew = self.store.renew(claim.scope(), claim.token(), hold, now);
+            match telemetry::store_call("renew", renew).await {
                 Ok(true) => {}
                 Ok(false) => tracing::warn!(
                     key = %claim.scope().log_label(),
@@ -431,11 +440,15 @@ impl<St: Store> LeaseMode<St> {
         let stored_ok = match outcome {
             Outcome::Store => {
                 let now = claim.clock.now();
-                self.store
-                    .complete(claim.scope(), claim.token(), &stored, now)
-                    .await
+                let complete = self
+                    .store
+                    .complete(claim.scope(), claim.token(), &stored, now);
+                telemetry::store_call("complete", complete).await
             }
-            Outcome::Release => self.store.release(claim.scope(), claim.token()).await,
+            Outcome::Release => {
+                let release = self.store.release(claim.scope(), claim.token());
+                telemetry::store_call("release", release).await
+            }
             Outcome::Unknown => {
                 let (ended, retry_after) = self.outcome_unknown(&claim).await;
                 set_retry_after(&mut response, retry_after);
@@ -560,9 +573,8 @@ async fn outcome_unknown<St: Store>(
     match reconciliation {
         Some(schedule) => {
             let now = claim.clock.now();
-            let ended = store
-                .renew(claim.scope(), claim.token(), Duration::ZERO, now)
-                .await;
+            let end_lease = store.renew(claim.scope(), claim.token(), Duration::ZERO, now);
+            let ended = telemetry::store_call("end_lease", end_lease).await;
             schedule.request_pass();
             (ended, schedule.retry_after())
         }

@@ -86,8 +86,7 @@ impl Refusal {
         }
     }
 
-    /// Its `outcome` in `idem_requests_total`. A request in flight and one of unknown outcome
-    /// share `in_flight`: both are duplicates of work that is not settled.
+    /// Its `outcome` in `idem_requests_total` and on the request's span.
     pub(crate) fn metric_label(self) -> &'static str {
         match self {
             Self::MissingKey => "missing_key",
@@ -96,7 +95,8 @@ impl Refusal {
             Self::BodyTooLarge => "body_too_large",
             Self::BodyTimeout => "body_timeout",
             Self::Mismatch => "mismatch",
-            Self::InUse | Self::OutcomeUnknown { .. } => "in_flight",
+            Self::InUse => "in_use",
+            Self::OutcomeUnknown { .. } => "unknown_outcome",
             Self::StoreUnavailable => "store_unavailable",
             Self::NoAccount => "no_account",
             Self::NoCredential => "no_credential",
@@ -277,7 +277,7 @@ impl Served {
     pub(crate) fn metric_label(self) -> &'static str {
         match self {
             Self::Passthrough => "passthrough",
-            Self::Replay => "replay",
+            Self::Replay => "replayed",
             Self::Fresh => "fresh",
             Self::NotStored => "not_stored",
             Self::Waited => "waited",
@@ -292,6 +292,7 @@ impl Served {
 
 fn count(outcome: &'static str) {
     metrics::counter!("idem_requests_total", "outcome" => outcome).increment(1);
+    crate::telemetry::record_outcome(outcome);
 }
 
 /// The answer when the record store failed: nothing was processed.

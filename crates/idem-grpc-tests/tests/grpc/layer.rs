@@ -344,3 +344,109 @@ async fn transaction_mode_reaches_the_transaction_from_a_tonic_handler() {
     assert_eq!(server.rows("key-tx-0003").await, 1);
     assert_eq!(server.payments.runs(Some("key-tx-0003")), 1);
 }
+
+/// Each gRPC call runs in the layer's `idempotency` span (docs/contract.md §15), as an HTTP
+/// request does: `protocol` `grpc`, the outcome, the mode and the key's hash, never the key.
+/// The test runs on one thread, where its subscriber is the default, server and client alike.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_s_span_records_its_outcome_and_protocol() {
+    let spans = spans::Recorder::default();
+    let _default = spans.install();
+    let server = Server::leased(|l| l).await;
+    let mut client = server.client().await;
+    for _ in 0..2 {
+        call(&mut client, create(Some("key-span-1"), 100, ""))
+            .await
+            .unwrap();
+    }
+    let refused = call(&mut client, create(Some("key-span-1"), 200, "")).await;
+    assert_eq!(refused.unwrap_err().code(), Code::FailedPrecondition);
+    let recorded = spans.requests();
+    let outcomes: Vec<_> = recorded
+        .iter()
+        .map(|s| s["idempotency.outcome"].as_str())
+        .collect();
+    assert_eq!(outcomes, ["fresh", "replayed", "mismatch"]);
+    for span in &recorded {
+        assert_eq!(span["idempotency.protocol"], "grpc");
+        assert_eq!(span["idempotency.mode"], "lease");
+        assert_eq!(
+            span["idempotency.key_hash"],
+            recorded[0]["idempotency.key_hash"]
+        );
+        assert!(!span["idempotency.key_hash"].contains("key-span"));
+    }
+}
+
+mod spans {
+    //! A `tracing` layer that keeps the fields of each `idempotency` span.
+
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+
+    type Fields = BTreeMap<String, String>;
+
+    /// The spans still open (the registry reuses a closed span's id) and those closed.
+    #[derive(Default)]
+    struct Spans {
+        open: Vec<(Id, Fields)>,
+        closed: Vec<Fields>,
+    }
+
+    #[derive(Clone, Default)]
+    pub(crate) struct Recorder(Arc<Mutex<Spans>>);
+
+    impl Recorder {
+        /// Makes this the current thread's subscriber until the guard drops.
+        pub(crate) fn install(&self) -> tracing::subscriber::DefaultGuard {
+            let subscriber = tracing_subscriber::registry().with(self.clone());
+            tracing::subscriber::set_default(subscriber)
+        }
+
+        /// The fields of every `idempotency` span closed so far, in the order they closed.
+        pub(crate) fn requests(&self) -> Vec<Fields> {
+            self.0.lock().unwrap().closed.clone()
+        }
+    }
+
+    struct Text<'a>(&'a mut Fields);
+
+    impl Visit for Text<'_> {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.insert(field.name().to_owned(), value.to_owned());
+        }
+
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.insert(field.name().to_owned(), format!("{value:?}"));
+        }
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Recorder {
+        fn on_new_span(&self, attributes: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
+            if attributes.metadata().name() == "idempotency" {
+                let mut fields = Fields::new();
+                attributes.record(&mut Text(&mut fields));
+                self.0.lock().unwrap().open.push((id.clone(), fields));
+            }
+        }
+
+        fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
+            let mut spans = self.0.lock().unwrap();
+            if let Some((_, fields)) = spans.open.iter_mut().find(|(known, _)| known == id) {
+                values.record(&mut Text(fields));
+            }
+        }
+
+        fn on_close(&self, id: Id, _: Context<'_, S>) {
+            let mut spans = self.0.lock().unwrap();
+            if let Some(at) = spans.open.iter().position(|(known, _)| *known == id) {
+                let (_, fields) = spans.open.remove(at);
+                spans.closed.push(fields);
+            }
+        }
+    }
+}
