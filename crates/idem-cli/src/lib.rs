@@ -27,6 +27,7 @@ mod runtime;
 pub mod serve;
 pub mod simulate;
 pub mod store_url;
+mod telemetry;
 pub mod tls_args;
 pub mod worker;
 
@@ -61,31 +62,26 @@ pub enum Command {
 
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    init_tracing();
-    match cli.command {
-        Command::Serve(args) => {
-            serve::run(args).await?;
-            Ok(ExitCode::SUCCESS)
-        }
+    // The services export traces when an OTLP endpoint is set (docs/contract.md §15).
+    let service = match &cli.command {
+        Command::Serve(_) => Some("idem-serve"),
+        Command::Proxy(_) => Some("idem-proxy"),
+        Command::Worker(_) => Some("idem-worker"),
+        _ => None,
+    };
+    let telemetry = telemetry::Telemetry::init(service)?;
+    if telemetry.exports() {
+        tracing::info!("exporting traces over OTLP");
+    }
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Proxy(args) => proxy::run(args).await,
         Command::FakePsp(args) => fake_psp::run(args).await,
         Command::Keys(args) => keys::run(args).await,
         Command::Drill(args) => drill::run(args).await,
         Command::Simulate(args) => simulate::run(args).await,
         Command::Worker(args) => worker::run(args).await,
-    }
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        // rustls' platform verifier logs every certificate it rejects as an ERROR of its own;
-        // idem's error for that connection already names the host and the reason.
-        .unwrap_or_else(|_| {
-            tracing_subscriber::EnvFilter::new("info,rustls_platform_verifier=off")
-        });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    };
+    telemetry.shutdown();
+    result
 }

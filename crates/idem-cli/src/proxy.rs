@@ -540,6 +540,7 @@ async fn run_on<St: OutcomeChannel + SharedSecret + AdminStore>(
         // Routes win over the gateway's fallback, so these two paths are the proxy's own.
         None => admin_routes.merge(gateway),
     };
+    let app = crate::telemetry::with_server_spans(app);
     let served = match tls {
         Some(tls) => {
             idem_gateway::server::serve_tls(listener, app, head_timeout, tls, shutdown_signal())

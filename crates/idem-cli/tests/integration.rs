@@ -27,6 +27,7 @@ mod proxy_instances;
 mod simulate;
 mod simulate_url;
 mod sqlite_crash;
+mod telemetry;
 mod tenant_isolation;
 mod tls;
 

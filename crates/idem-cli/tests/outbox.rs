@@ -74,8 +74,14 @@ struct Proc {
 
 impl Proc {
     fn spawn(args: &[&str]) -> Self {
+        Self::spawn_with(args, &[])
+    }
+
+    /// [`spawn`](Self::spawn) with `env` set for the child.
+    fn spawn_with(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -413,6 +419,54 @@ async fn worker_killed_between_commit_and_ack(broker: &str, kills: usize) {
     );
     let summary = last.await_line("idem worker:");
     assert!(summary.contains("receipts written"), "{summary}");
+}
+
+/// `idem worker` exports a span per delivery over OTLP (docs/contract.md §15): an event
+/// published twice (RabbitMQ keeps both copies) is one `applied` and one `duplicate`
+/// `idempotency.message` span, from the service `idem-worker`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_exports_a_span_per_delivery() {
+    let (receiver, endpoint) = crate::telemetry::Receiver::http().await;
+    let namespace = Namespace::new(AMQP);
+    let dir = tempfile::tempdir().unwrap();
+    let database = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let args = [
+        "worker",
+        "--broker",
+        AMQP,
+        "--broker-namespace",
+        namespace.name(),
+        "--database",
+        &database,
+    ];
+    let worker = Proc::spawn_with(&args, &env);
+    worker.await_line("idem worker: consuming");
+    publish_events(&namespace.settings, 1, 1).await;
+    publish_events(&namespace.settings, 1, 1).await;
+    let spans = receiver
+        .spans_until(|spans| {
+            spans
+                .iter()
+                .filter(|s| s.name == "idempotency.message")
+                .count()
+                >= 2
+        })
+        .await;
+    let mut outcomes: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == "idempotency.message")
+        .map(|s| {
+            assert_eq!(s.service, "idem-worker");
+            assert_eq!(s.attribute("idempotency.mode"), Some("inbox"));
+            s.attribute("idempotency.outcome").unwrap_or("none")
+        })
+        .collect();
+    outcomes.sort_unstable();
+    assert_eq!(outcomes, ["applied", "duplicate"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

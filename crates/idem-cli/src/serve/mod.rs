@@ -138,7 +138,7 @@ async fn serve_on<B: Backend>(
     // publishes them again, and the consumers' inbox absorbs any copy.
     background.extend(relay.into_iter().flatten());
 
-    let router = app.router(config);
+    let router = crate::telemetry::with_server_spans(app.router(config));
     let result = match config.tls.clone() {
         Some(tls) => {
             idem_gateway::server::serve_tls(listener, router, config.head_timeout, tls, shutdown)
