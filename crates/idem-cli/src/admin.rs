@@ -4,6 +4,7 @@
 //! disagree on what a state or a resolution means.
 
 pub mod api;
+mod console;
 mod outcomes;
 mod resolutions;
 

@@ -9,6 +9,9 @@
 //!   API, newest first;
 //! - `GET /admin/outcomes`: `idem_requests_total` by outcome, sampled every 10 s over the last
 //!   hour.
+//!
+//! Beside them, unauthenticated and holding no data, the console page that calls them
+//! (`GET /admin`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,8 +76,9 @@ struct Admin<S> {
     outcomes: Arc<OutcomeSamples>,
 }
 
-/// The admin routes over `store`, each behind `token`; times by `clock`, the server's. Starts
-/// sampling the layer's outcome counters (a task that ends when the router is dropped).
+/// The admin routes over `store`, each behind `token`; times by `clock`, the server's. Also
+/// the console page, which holds no data and so is served without the token. Starts sampling
+/// the layer's outcome counters (a task that ends when the router is dropped).
 pub fn router<S: AdminStore>(store: S, token: AdminToken, clock: Arc<dyn Clock>) -> axum::Router {
     let admin = Admin {
         store,
@@ -92,8 +96,10 @@ pub fn router<S: AdminStore>(store: S, token: AdminToken, clock: Arc<dyn Clock>)
         .route("/admin/resolutions", axum::routing::get(resolutions::<S>))
         .route("/admin/outcomes", axum::routing::get(outcomes::<S>))
         .with_state(admin)
-        // On the routes only: a path outside them is not the admin API's to refuse.
+        // On the routes only: a path outside them is not the admin API's to refuse, and the
+        // console's files, merged after, are not behind it.
         .route_layer(axum::middleware::from_fn_with_state(token, authorize))
+        .merge(super::console::router())
 }
 
 async fn authorize(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
