@@ -1,9 +1,10 @@
-//! The console page at `/admin` (docs/operations/console.md): absent without `--admin-token`,
-//! served with strict headers and no data, its API refusing calls without the token; and, in a
-//! real headless Chromium driven by Playwright (`tests/console/console.js`), an operator who
-//! logs in, finds two payouts a killed `idem serve` left of unknown outcome, completes one and
-//! releases the other, after which the clients' retries through the running server get the
-//! resolved answer replayed and a fresh run.
+//! The console page at `/admin` (docs/operations/console.md) of `idem serve` and `idem proxy`:
+//! absent without `--admin-token`, served with strict headers and no data, its API refusing
+//! calls without the token; and, in a real headless Chromium driven by Playwright
+//! (`tests/console/console.js`), an operator who logs in, finds two payouts a killed `idem
+//! serve` left of unknown outcome, completes one and releases the other, after which the
+//! clients' retries through the running server get the resolved answer replayed and a fresh
+//! run.
 //!
 //! Needs Node.js, `npm ci --prefix crates/idem-cli/tests/console` and Debian's `chromium`
 //! (`.ci/run` installs both); without them the test fails at once, saying so.
@@ -14,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{ALICE, TestServer, send, start_psp};
-use crate::keys_resolve::{left_in_progress, serve};
+use crate::common::{ALICE, RedisPrefix, TestServer, send, start_psp};
+use crate::keys_resolve::{left_in_progress, proxy, serve, start_silent_upstream};
 use crate::payouts::payout;
 
 const TOKEN: &str = "console-token-for-the-tests-01";
@@ -139,6 +140,34 @@ async fn the_console_is_absent_without_a_token_and_holds_no_data() {
     .unwrap();
     assert_eq!(bad.status(), 400, "an account without a key");
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_serves_the_console_only_with_an_admin_token() {
+    let prefix = RedisPrefix::new("admin-console");
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _arrivals) = start_silent_upstream().await;
+    let without = proxy(dir.path(), &upstream, &prefix.0, &[]);
+    let response = get(&format!("{}/admin", without.url), Some(TOKEN))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404, "the upstream's own 404");
+    assert!(!response.headers().contains_key("content-security-policy"));
+    drop(without);
+
+    let with = proxy(dir.path(), &upstream, &prefix.0, &["--admin-token", TOKEN]);
+    let page = get(&format!("{}/admin", with.url), None)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.headers()["x-frame-options"], "DENY");
+    let outcomes = format!("{}/admin/outcomes", with.url);
+    let refused = get(&outcomes, None).send().await.unwrap();
+    assert_eq!(refused.status(), 401);
+    let answered = get(&outcomes, Some(TOKEN)).send().await.unwrap();
+    assert_eq!(answered.status(), 200);
 }
 
 /// Runs the Playwright script with `vars`; its output, or a panic with it when it fails or
