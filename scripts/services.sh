@@ -14,9 +14,12 @@ step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 
 # Debian binaries that tests start themselves, installed once when missing: PgBouncer (tests
 # start their own in front of PostgreSQL), libfaketime (a proxy whose clock is minutes off),
-# protoc (the gRPC tests' code generation) and curl (HTTP/2 over ALPN).
+# protoc (the gRPC tests' code generation), curl (HTTP/2 over ALPN), and Chromium with Node.js
+# (the console's browser test, tests/admin_console.rs).
 step "test tools"
 missing=()
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || command -v faketime >/dev/null 2>&1 \
   || missing+=(faketime)
@@ -27,6 +30,18 @@ if [ ${#missing[@]} -gt 0 ]; then
   starting="${missing[*]} (apt-get install -y ${missing[*]})"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  starting=""
+fi
+# playwright-core for the console's browser test, from its lockfile: again whenever the
+# lockfile changes (a stamp of its hash beside the modules), never otherwise.
+console="$(cd "$(dirname "$0")/.." && pwd)/crates/idem-cli/tests/console"
+stamp="$console/node_modules/.idem-lockfile-sha256"
+lock_hash="$(sha256sum "$console/package-lock.json" | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$lock_hash" ]; then
+  echo "installing the console test's npm packages (npm ci)"
+  starting="the console test's npm packages (npm ci --prefix $console)"
+  npm ci --silent --no-audit --no-fund --prefix "$console"
+  echo "$lock_hash" >"$stamp"
   starting=""
 fi
 echo "tools ok"

@@ -4,6 +4,9 @@
 //! disagree on what a state or a resolution means.
 
 pub mod api;
+mod console;
+mod outcomes;
+mod resolutions;
 
 use idem_core::{
     AccountId, IdempotencyKey, KeyLimits, Record, RecordState, Scope, StoredResponse, Timestamp,
@@ -154,6 +157,16 @@ pub enum Resolved {
     Completed,
     /// The record is gone; the next copy runs.
     Released,
+}
+
+impl Resolved {
+    /// How the admin API names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Released => "released",
+        }
+    }
 }
 
 /// Why a key was not resolved.

@@ -5,6 +5,7 @@
 mod common;
 
 mod admin_api;
+mod admin_console;
 mod bad_input;
 mod binary;
 mod chaos;

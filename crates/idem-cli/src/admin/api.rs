@@ -4,7 +4,14 @@
 //! - `GET /admin/keys?state=&account=&limit=`: `{"keys": [record, …]}`, newest first;
 //! - `GET /admin/keys/{account}/{key}`: one record;
 //! - `POST /admin/keys/{account}/{key}/resolve` with `{"status": 201, "headers": {"Name":
-//!   "value"}, "body": …}` or `{"release": true}`.
+//!   "value"}, "body": …}` or `{"release": true}`;
+//! - `GET /admin/resolutions?account=&key=`: the resolutions made through this process's admin
+//!   API, newest first;
+//! - `GET /admin/outcomes`: `idem_requests_total` by outcome, sampled every 10 s over the last
+//!   hour.
+//!
+//! Beside them, unauthenticated and holding no data, the console page that calls them
+//! (`GET /admin`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +27,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::{KeyState, Resolution, ResolveError, Resolved};
+use super::outcomes::OutcomeSamples;
+use super::resolutions::ResolutionLog;
+use super::{KeyState, Resolution, ResolveError};
 
 /// The token the admin API asks for, kept as its SHA-256 so that every comparison is of 32
 /// bytes in constant time, and a wrong token's length tells nothing either. Never printed.
@@ -61,10 +70,22 @@ struct Admin<S> {
     store: S,
     /// The server's clock, the frame of the times its records hold.
     clock: Arc<dyn Clock>,
+    /// What this process's admin API resolved: the store keeps no history.
+    resolutions: Arc<ResolutionLog>,
+    /// The layer's counters over the last hour, sampled from the time the router is built.
+    outcomes: Arc<OutcomeSamples>,
 }
 
-/// The admin routes over `store`, each behind `token`; times by `clock`, the server's.
+/// The admin routes over `store`, each behind `token`; times by `clock`, the server's. Also
+/// the console page, which holds no data and so is served without the token. Starts sampling
+/// the layer's outcome counters (a task that ends when the router is dropped).
 pub fn router<S: AdminStore>(store: S, token: AdminToken, clock: Arc<dyn Clock>) -> axum::Router {
+    let admin = Admin {
+        store,
+        outcomes: OutcomeSamples::start(clock.clone()),
+        clock,
+        resolutions: Arc::default(),
+    };
     axum::Router::new()
         .route("/admin/keys", axum::routing::get(list::<S>))
         .route("/admin/keys/{account}/{key}", axum::routing::get(show::<S>))
@@ -72,9 +93,13 @@ pub fn router<S: AdminStore>(store: S, token: AdminToken, clock: Arc<dyn Clock>)
             "/admin/keys/{account}/{key}/resolve",
             axum::routing::post(resolve::<S>),
         )
-        .with_state(Admin { store, clock })
-        // On the routes only: a path outside them is not the admin API's to refuse.
+        .route("/admin/resolutions", axum::routing::get(resolutions::<S>))
+        .route("/admin/outcomes", axum::routing::get(outcomes::<S>))
+        .with_state(admin)
+        // On the routes only: a path outside them is not the admin API's to refuse, and the
+        // console's files, merged after, are not behind it.
         .route_layer(axum::middleware::from_fn_with_state(token, authorize))
+        .merge(super::console::router())
 }
 
 async fn authorize(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
@@ -127,7 +152,7 @@ fn default_limit() -> u32 {
 }
 
 async fn list<S: AdminStore>(
-    State(Admin { store, clock }): State<Admin<S>>,
+    State(Admin { store, clock, .. }): State<Admin<S>>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Ok(Query(query)) = query else {
@@ -154,7 +179,7 @@ async fn list<S: AdminStore>(
 }
 
 async fn show<S: AdminStore>(
-    State(Admin { store, clock }): State<Admin<S>>,
+    State(Admin { store, clock, .. }): State<Admin<S>>,
     Path((account, key)): Path<(String, String)>,
 ) -> Response {
     let Ok(scope) = super::scope(&account, &key) else {
@@ -185,7 +210,12 @@ struct ResolveBody {
 }
 
 async fn resolve<S: AdminStore>(
-    State(Admin { store, clock }): State<Admin<S>>,
+    State(Admin {
+        store,
+        clock,
+        resolutions,
+        ..
+    }): State<Admin<S>>,
     Path((account, key)): Path<(String, String)>,
     body: Result<Json<ResolveBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
@@ -220,11 +250,49 @@ async fn resolve<S: AdminStore>(
         }
     };
     let now = clock.now();
+    let status = match &resolution {
+        Resolution::Complete(response) => Some(response.status),
+        Resolution::Release => None,
+    };
     match super::resolve(&store, &scope, &resolution, now).await {
-        Ok(Resolved::Completed) => Json(json!({"resolved": "completed"})).into_response(),
-        Ok(Resolved::Released) => Json(json!({"resolved": "released"})).into_response(),
+        Ok(resolved) => {
+            resolutions.record(now, &scope, resolved, status);
+            Json(json!({"resolved": resolved.name()})).into_response()
+        }
         Err(e) => resolve_failed(&e),
     }
+}
+
+/// `GET /admin/resolutions`'s query: one key's, or every one's.
+#[derive(Debug, serde::Deserialize)]
+struct ResolutionsQuery {
+    account: Option<String>,
+    key: Option<String>,
+}
+
+async fn resolutions<S: AdminStore>(
+    State(Admin { resolutions, .. }): State<Admin<S>>,
+    Query(query): Query<ResolutionsQuery>,
+) -> Response {
+    let scope = match (query.account, query.key) {
+        (None, None) => None,
+        (Some(account), Some(key)) => match super::scope(&account, &key) {
+            Ok(scope) => Some(scope),
+            Err(_) => return problem(StatusCode::BAD_REQUEST, "Bad key", "not a valid key"),
+        },
+        _ => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "Bad query",
+                "expected both account=ACCOUNT and key=KEY, or neither",
+            );
+        }
+    };
+    Json(resolutions.to_json(scope.as_ref())).into_response()
+}
+
+async fn outcomes<S: AdminStore>(State(Admin { outcomes, .. }): State<Admin<S>>) -> Response {
+    Json(outcomes.to_json()).into_response()
 }
 
 fn resolve_failed(e: &ResolveError) -> Response {
