@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::common::{ALICE, RedisPrefix, TestServer, send, start_psp};
-use crate::keys_resolve::{left_in_progress, proxy, serve, start_silent_upstream};
+use crate::keys_resolve::{
+    left_in_progress, proxy, retries_replay_and_rerun, serve, start_silent_upstream, strand_orders,
+};
 use crate::payouts::payout;
 
 const TOKEN: &str = "console-token-for-the-tests-01";
@@ -306,4 +308,64 @@ async fn an_operator_resolves_unknown_outcomes_in_the_console_in_chromium() {
         ]
     );
     assert_eq!(log[1]["status"], 201);
+}
+
+/// The same operator's steps on `idem proxy` over Redis, the gateway's main store: two orders
+/// a killed proxy left in progress under a caller's HMAC account are found, one completed and
+/// one released in the console of a second proxy, and the client's retries through it get the
+/// answer the operator stored, and a fresh run upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_resolves_a_killed_proxy_s_orders_on_redis_in_chromium() {
+    browser_tools();
+    let prefix = RedisPrefix::new("admin-console-redis");
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, mut arrivals) = start_silent_upstream().await;
+    let first = proxy(dir.path(), &upstream, &prefix.0, &[]);
+    let (completed, released) = ("order-done-by-console", "order-again-after-console");
+    strand_orders(first, &[completed, released], &mut arrivals).await;
+
+    let second = proxy(dir.path(), &upstream, &prefix.0, &["--admin-token", TOKEN]);
+    let listed: Value = get(
+        &format!("{}/admin/keys?state=in-progress", second.url),
+        Some(TOKEN),
+    )
+    .send()
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let keys = listed["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2, "{listed}");
+    let account = keys[0]["account"].as_str().unwrap().to_owned();
+    assert!(
+        account.starts_with("hmac:"),
+        "the caller's derived account: {account}"
+    );
+    // A client's retry before the operator acts: the claim still holds, and the chart counts it.
+    let early = crate::keys_resolve::order(&second.url, completed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(early.status(), 409, "in use until resolved");
+
+    let output = tokio::task::block_in_place(|| {
+        run_console_script(&[
+            ("IDEM_URL", second.url.as_str()),
+            ("IDEM_ADMIN_TOKEN", TOKEN),
+            ("CONSOLE_ACCOUNT", account.as_str()),
+            ("CONSOLE_COMPLETE_KEY", completed),
+            ("CONSOLE_RELEASE_KEY", released),
+            ("CONSOLE_STUCK", "in-progress"),
+            (
+                "CONSOLE_SCREENSHOT",
+                &dir.path().join("console.png").display().to_string(),
+            ),
+            ("CHROMIUM", CHROMIUM),
+        ])
+    });
+    eprintln!("the console of idem proxy on Redis:\n{output}");
+
+    let resolved = (completed, r#"{"id":"po_by_console"}"#);
+    retries_replay_and_rerun(&second.url, resolved, released, &mut arrivals).await;
 }
