@@ -361,12 +361,15 @@ async fn a_call_s_span_records_its_outcome_and_protocol() {
     }
     let refused = call(&mut client, create(Some("key-span-1"), 200, "")).await;
     assert_eq!(refused.unwrap_err().code(), Code::FailedPrecondition);
-    let recorded = spans.requests();
-    let outcomes: Vec<_> = recorded
+    // A span closes when the server drops the call's future, which may come after the
+    // client has its answer.
+    let recorded = spans.closed(3).await;
+    let mut outcomes: Vec<_> = recorded
         .iter()
         .map(|s| s["idempotency.outcome"].as_str())
         .collect();
-    assert_eq!(outcomes, ["fresh", "replayed", "mismatch"]);
+    outcomes.sort_unstable();
+    assert_eq!(outcomes, ["fresh", "mismatch", "replayed"]);
     for span in &recorded {
         assert_eq!(span["idempotency.protocol"], "grpc");
         assert_eq!(span["idempotency.mode"], "lease");
@@ -407,9 +410,22 @@ mod spans {
             tracing::subscriber::set_default(subscriber)
         }
 
-        /// The fields of every `idempotency` span closed so far, in the order they closed.
-        pub(crate) fn requests(&self) -> Vec<Fields> {
-            self.0.lock().unwrap().closed.clone()
+        /// The fields of the first `n` `idempotency` spans to close, once they have (within
+        /// 10 s).
+        pub(crate) async fn closed(&self, n: usize) -> Vec<Fields> {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                let closed = self.0.lock().unwrap().closed.clone();
+                if closed.len() >= n {
+                    return closed;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{} of {n} spans closed: {closed:?}",
+                    closed.len()
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
         }
     }
 
