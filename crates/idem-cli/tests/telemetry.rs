@@ -554,3 +554,26 @@ async fn proxy_exports_waits_and_refusals_over_grpc() {
     let refused_span = receiver.request_span(&anonymous).await;
     assert_request_span(&refused_span, &anonymous, "no_credential", "lease");
 }
+
+/// A protocol idem does not export with stops the service at start, naming the variable,
+/// rather than running with traces silently lost.
+#[test]
+fn an_unknown_otlp_protocol_stops_the_service_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--database"])
+        .arg(format!("sqlite://{}", dir.path().join("idem.db").display()))
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=\"http/json\" is not a protocol idem exports with"
+        ),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty(), "it never listened");
+}
