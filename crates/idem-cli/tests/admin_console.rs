@@ -57,6 +57,13 @@ fn get(url: &str, token: Option<&str>) -> reqwest::RequestBuilder {
     }
 }
 
+/// `GET url` with the admin token: its JSON.
+async fn admin_json(url: &str) -> Value {
+    let response = get(url, Some(TOKEN)).send().await.unwrap();
+    assert_eq!(response.status(), 200, "GET {url}");
+    response.json().await.unwrap()
+}
+
 #[tokio::test]
 async fn the_console_is_absent_without_a_token_and_holds_no_data() {
     let without = TestServer::start().await;
@@ -120,13 +127,7 @@ async fn the_console_is_absent_without_a_token_and_holds_no_data() {
             assert_eq!(response.status(), 401, "{path} with {what}");
         }
     }
-    let outcomes: Value = get(&format!("{}/admin/outcomes", server.url), Some(TOKEN))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let outcomes = admin_json(&format!("{}/admin/outcomes", server.url)).await;
     assert_eq!(outcomes["metric"], "idem_requests_total", "{outcomes}");
     assert_eq!(
         (&outcomes["every_seconds"], &outcomes["window_seconds"]),
@@ -233,13 +234,7 @@ async fn an_operator_resolves_unknown_outcomes_in_the_console_in_chromium() {
     let unknown = format!("{}/admin/keys?state=unknown", served.url);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let listed: Value = get(&unknown, Some(TOKEN))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let listed = admin_json(&unknown).await;
         if listed["keys"].as_array().unwrap().len() == 2 {
             break;
         }
@@ -288,13 +283,7 @@ async fn an_operator_resolves_unknown_outcomes_in_the_console_in_chromium() {
     assert_eq!(psp.charges().await, 2, "one charge for each payout");
 
     // The process's log of what its admin API resolved, newest first.
-    let log: Value = get(&format!("{}/admin/resolutions", served.url), Some(TOKEN))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let log = admin_json(&format!("{}/admin/resolutions", served.url)).await;
     let log = log["resolutions"].as_array().unwrap();
     let resolved: Vec<_> = log
         .iter()
@@ -325,16 +314,7 @@ async fn an_operator_resolves_a_killed_proxy_s_orders_on_redis_in_chromium() {
     strand_orders(first, &[completed, released], &mut arrivals).await;
 
     let second = proxy(dir.path(), &upstream, &prefix.0, &["--admin-token", TOKEN]);
-    let listed: Value = get(
-        &format!("{}/admin/keys?state=in-progress", second.url),
-        Some(TOKEN),
-    )
-    .send()
-    .await
-    .unwrap()
-    .json()
-    .await
-    .unwrap();
+    let listed = admin_json(&format!("{}/admin/keys?state=in-progress", second.url)).await;
     let keys = listed["keys"].as_array().unwrap();
     assert_eq!(keys.len(), 2, "{listed}");
     let account = keys[0]["account"].as_str().unwrap().to_owned();

@@ -20,7 +20,7 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use prost::Message as _;
 use tokio::sync::Notify;
 
-use crate::common::{ALICE, Spawned, send, start_psp};
+use crate::common::{ALICE, Spawned, keyed, send, start_psp};
 use crate::payouts::payout;
 use idem_cli::fake_psp::Faults;
 
@@ -326,10 +326,7 @@ fn payment(url: &str, key: Option<&str>, amount: u32) -> reqwest::RequestBuilder
         .bearer_auth(ALICE)
         .header("content-type", "application/json")
         .body(format!(r#"{{"amount": {amount}, "currency": "EUR"}}"#));
-    match key {
-        Some(key) => request.header("idempotency-key", key),
-        None => request,
-    }
+    keyed(request, key)
 }
 
 /// Over HTTP/protobuf from `idem serve`: a fresh payment, its replay, a mismatch, a missing
