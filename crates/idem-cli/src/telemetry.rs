@@ -259,9 +259,10 @@ pub(crate) fn with_server_spans(router: axum::Router) -> axum::Router {
 }
 
 /// Middleware: each request runs in a server span, a child of the caller's span when its
-/// `traceparent` header names one (W3C Trace Context). Without an export the span is
+/// `traceparent` header names one (W3C Trace Context), and goes on with a `traceparent` that
+/// names the server span. Without an export the span is
 /// disabled and costs a callsite check.
-async fn server_span(request: Request, next: Next) -> Response {
+async fn server_span(mut request: Request, next: Next) -> Response {
     let span = tracing::info_span!(
         target: HTTP_SPAN_TARGET,
         "http.server",
@@ -272,10 +273,18 @@ async fn server_span(request: Request, next: Next) -> Response {
         http.response.status_code = tracing::field::Empty,
     );
     if !span.is_disabled() {
-        let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
-            propagator.extract(&opentelemetry_http::HeaderExtractor(request.headers()))
+        opentelemetry::global::get_text_map_propagator(|propagator| {
+            let parent =
+                propagator.extract(&opentelemetry_http::HeaderExtractor(request.headers()));
+            let _ = span.set_parent(parent);
+            // What the request passes on (the gateway's upstream call) carries this span as
+            // its parent, so the upstream's spans nest under idem's, not beside them.
+            let this = span.context();
+            propagator.inject_context(
+                &this,
+                &mut opentelemetry_http::HeaderInjector(request.headers_mut()),
+            );
         });
-        let _ = span.set_parent(parent);
     }
     let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
     span.record("http.response.status_code", response.status().as_u16());

@@ -448,11 +448,11 @@ async fn serve_exports_in_use_for_a_duplicate_of_running_work() {
     running.abort();
 }
 
-/// An upstream whose first `POST /orders` waits for `release` (its arrival is sent on
-/// `arrived`); every other answers at once.
+/// An upstream whose first `POST /orders` waits for `release` (its arrival, with the
+/// `traceparent` it carried, is sent on `arrived`); every other answers at once.
 async fn held_upstream() -> (
     String,
-    tokio::sync::mpsc::UnboundedReceiver<()>,
+    tokio::sync::mpsc::UnboundedReceiver<Option<String>>,
     Arc<Notify>,
 ) {
     let (arrivals, arrived) = tokio::sync::mpsc::unbounded_channel();
@@ -462,10 +462,14 @@ async fn held_upstream() -> (
         "/orders",
         axum::routing::post({
             let release = release.clone();
-            move || async move {
+            move |headers: axum::http::HeaderMap| async move {
                 if !held.swap(true, std::sync::atomic::Ordering::SeqCst) {
                     let released = release.notified();
-                    let _ = arrivals.send(());
+                    let traceparent = headers
+                        .get("traceparent")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    let _ = arrivals.send(traceparent);
                     released.await;
                 }
                 (axum::http::StatusCode::CREATED, "order-1")
@@ -511,9 +515,11 @@ async fn proxy_exports_waits_and_refusals_over_grpc() {
 
     let first = Trace::new();
     let original = tokio::spawn(first.on(order(&url, Some("Bearer t1"))).send());
-    tokio::time::timeout(Duration::from_secs(20), arrived.recv())
+    let traceparent = tokio::time::timeout(Duration::from_secs(20), arrived.recv())
         .await
-        .expect("the order reaches the upstream");
+        .expect("the order reaches the upstream")
+        .unwrap()
+        .expect("the upstream call carries a traceparent");
     let second = Trace::new();
     let duplicate = tokio::spawn(second.on(order(&url, Some("Bearer t1"))).send());
     // The duplicate's span says it waited as soon as it starts to, before the original ends.
@@ -532,6 +538,16 @@ async fn proxy_exports_waits_and_refusals_over_grpc() {
     let fresh_span = receiver.request_span(&first).await;
     assert_request_span(&fresh_span, &first, "fresh", "lease");
     assert_eq!(fresh_span.0.service, "orders-gateway");
+    // The upstream was called as a child of idem's server span, in the caller's trace.
+    let server = fresh_span
+        .1
+        .iter()
+        .find(|s| s.kind == SpanKind::Server as i32)
+        .unwrap();
+    assert_eq!(
+        traceparent,
+        format!("00-{}-{}-01", first.trace_id, server.span_id)
+    );
     let waited_span = receiver.request_span(&second).await;
     assert_request_span(&waited_span, &second, "waited", "lease");
     eprintln!("the duplicate that waited:\n{}", describe(&waited_span.1));
