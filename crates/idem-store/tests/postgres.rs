@@ -105,7 +105,10 @@ async fn concurrent_migrations_of_a_fresh_database_succeed() {
             .fetch_one(stores[0].pool())
             .await
             .unwrap();
-    assert_eq!(applied, 2, "0001 the keys, 0002 the shared secrets");
+    assert_eq!(
+        applied, 3,
+        "0001 the keys, 0002 the shared secrets, 0003 the keys' events"
+    );
     let key = scope("after-migrate");
     assert_eq!(
         stores[3].claim(&claim(&key, 1)).await.unwrap(),
