@@ -1439,6 +1439,41 @@ pub async fn admin_keeps_a_history_of_events<S: AdminStore>(store: S) {
     );
 }
 
+/// On the stores that keep one table (or map) of events (SQLite, PostgreSQL, memory), writing
+/// an event deletes every key's events older than [`EVENTS_RETENTION`](crate::EVENTS_RETENTION)
+/// by the new event's time, and leaves the younger ones. (Redis expires a key's list whole,
+/// [`EVENTS_RETENTION`](crate::EVENTS_RETENTION) after its latest event.)
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
+pub async fn events_past_their_retention_go_when_an_event_is_written<S: AdminStore>(store: S) {
+    let event = |at: Timestamp| RecordEvent {
+        at,
+        what: "resolved: released".to_owned(),
+        by: "console".to_owned(),
+    };
+    let (old, young, writer) = (
+        scope("acct_a", "history-old-001"),
+        scope("acct_b", "history-young-1"),
+        scope("acct_a", "history-writer1"),
+    );
+    let retention = crate::EVENTS_RETENTION;
+    store.record_event(&old, &event(T0)).await.unwrap();
+    let young_at = T0.plus(Duration::from_secs(60 * 60));
+    store.record_event(&young, &event(young_at)).await.unwrap();
+    // Just within the retention of the old one: nothing goes.
+    let within = T0.plus(retention);
+    store.record_event(&writer, &event(within)).await.unwrap();
+    assert_eq!(store.events(&old).await.unwrap().len(), 1, "kept 30 days");
+    // Past it: the old one goes, the younger stays.
+    let past = within.plus(Duration::from_secs(1));
+    store.record_event(&writer, &event(past)).await.unwrap();
+    assert_eq!(store.events(&old).await.unwrap(), [], "expired");
+    assert_eq!(store.events(&young).await.unwrap(), [event(young_at)]);
+    assert_eq!(store.events(&writer).await.unwrap().len(), 2);
+}
+
 /// Writes one `#[tokio::test]` per name, each making a fresh `(store, guard)` with the async
 /// expression `$make` and running `$suite::$name(store)`, the guard dropped when the test
 /// ends. The conformance macros below are made with it; so is any suite of another crate that
@@ -1504,6 +1539,16 @@ macro_rules! admin_conformance {
             admin_lists_purges_and_force_completes,
             admin_keeps_a_history_of_events,
         );
+    };
+}
+
+/// Instantiates the part of the suite for [`AdminStore`]s whose events expire one by one as
+/// events are written: SQLite, PostgreSQL, memory (not Redis, whose lists expire whole).
+#[macro_export]
+macro_rules! table_events_conformance {
+    ($make:expr) => {
+        $crate::tests_per_store!($make => [$crate::conformance];
+            events_past_their_retention_go_when_an_event_is_written);
     };
 }
 

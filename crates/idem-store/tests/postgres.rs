@@ -13,7 +13,7 @@ use idem_store::conformance::assert_unavailable;
 use idem_store::{
     ClaimOutcome, NewClaim, PgStore, Store, TransactionalStore, admin_conformance,
     shared_admin_conformance, shared_store_conformance, store_conformance,
-    transactional_conformance,
+    table_events_conformance, transactional_conformance,
 };
 use idem_testkit::fault_relay::FaultRelay;
 use idem_testkit::postgres::{PgTestDatabase, with_database, with_hosts};
@@ -32,6 +32,7 @@ async fn fresh_store() -> (PgStore, PgTestDatabase) {
 store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
 admin_conformance!(fresh_store());
+table_events_conformance!(fresh_store());
 shared_store_conformance!(fresh_store());
 shared_admin_conformance!(fresh_store());
 pg_transaction_tests!(PgStore);
