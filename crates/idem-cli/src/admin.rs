@@ -9,7 +9,8 @@ mod outcomes;
 mod resolutions;
 
 use idem_core::{
-    AccountId, IdempotencyKey, KeyLimits, Record, RecordState, Scope, StoredResponse, Timestamp,
+    AccountId, IdempotencyKey, KeyLimits, Record, RecordEvent, RecordState, Scope, StoredResponse,
+    Timestamp,
 };
 use idem_store::{AdminStore, RecordFilter};
 
@@ -204,15 +205,69 @@ impl ResolveError {
     }
 }
 
-/// Resolves the in-progress (or unknown) record `scope` names. A completed record is refused:
-/// its answer is known, and clients may have been given it.
+/// Who resolved a key with `idem keys resolve`, as its history names them.
+pub const BY_CLI: &str = "idem keys (CLI)";
+
+/// Who resolved a key through the admin API when the call named nobody.
+pub const BY_ADMIN_API: &str = "admin API";
+
+/// Who completed or released a payout of unknown outcome after asking the provider.
+pub const BY_RECONCILER: &str = "reconciler";
+
+/// Resolves the in-progress (or unknown) record `scope` names, and adds what it did to the
+/// key's history in the store (`resolved: completed with status N` or `resolved: released`,
+/// by `by`), where every process that shares the store reads it. A completed record is
+/// refused: its answer is known, and clients may have been given it.
 ///
 /// # Errors
 ///
 /// [`ResolveError::NoRecord`], [`ResolveError::Completed`], [`ResolveError::Changed`] when a
 /// release finds the record taken over or completed between its read and its delete, and
-/// [`ResolveError::Store`].
+/// [`ResolveError::Store`]. A history the store fails to keep is logged, not an error: the
+/// resolution itself is done, and resolving again would be refused.
 pub async fn resolve<S: AdminStore>(
+    store: &S,
+    scope: &Scope,
+    resolution: &Resolution,
+    now: Timestamp,
+    by: &str,
+) -> Result<Resolved, ResolveError> {
+    let resolved = resolve_record(store, scope, resolution, now).await?;
+    let what = match resolution {
+        Resolution::Complete(response) => {
+            format!("resolved: completed with status {}", response.status)
+        }
+        Resolution::Release => "resolved: released".to_owned(),
+    };
+    note(store, scope, now, what, by).await;
+    Ok(resolved)
+}
+
+/// Adds `what`, done by `by` at `now`, to the history of `scope`'s key; a failure is logged
+/// (what it notes has happened already).
+pub async fn note<S: AdminStore>(store: &S, scope: &Scope, now: Timestamp, what: String, by: &str) {
+    let event = RecordEvent {
+        at: now,
+        what,
+        by: by.to_owned(),
+    };
+    if let Err(e) = store.record_event(scope, &event).await {
+        tracing::warn!(
+            key = %scope.log_label(),
+            error = %idem_core::ErrorChain(&e),
+            "the store did not keep an event of the key's history"
+        );
+    }
+}
+
+/// Whether `by` may name who resolved a key: 1 to 64 characters, none of them a control
+/// character, as the admin API's callers give it.
+pub fn valid_by(by: &str) -> bool {
+    let count = by.chars().count();
+    (1..=64).contains(&count) && !by.trim().is_empty() && !by.chars().any(char::is_control)
+}
+
+async fn resolve_record<S: AdminStore>(
     store: &S,
     scope: &Scope,
     resolution: &Resolution,
@@ -311,7 +366,9 @@ mod tests {
         let answer =
             Resolution::complete(201, vec![("X-By".into(), "ops".into())], b"{}".to_vec()).unwrap();
         assert_eq!(
-            resolve(&store, &scope, &answer, later).await.unwrap(),
+            resolve(&store, &scope, &answer, later, BY_CLI)
+                .await
+                .unwrap(),
             Resolved::Completed
         );
         let Some(Record {
@@ -330,21 +387,39 @@ mod tests {
         );
         for resolution in [&Resolution::Release, &answer] {
             assert!(matches!(
-                resolve(&store, &scope, resolution, later).await,
+                resolve(&store, &scope, resolution, later, BY_CLI).await,
                 Err(ResolveError::Completed)
             ));
         }
 
         let (other, _) = claimed(&store, "order-0002", now).await;
         assert_eq!(
-            resolve(&store, &other, &Resolution::Release, now)
+            resolve(&store, &other, &Resolution::Release, now, "console")
                 .await
                 .unwrap(),
             Resolved::Released
         );
         assert!(store.get(&other, now).await.unwrap().is_none());
+        // Each resolution is in its key's history, refusals not.
+        let history = |at: Timestamp, what: &str, by: &str| RecordEvent {
+            at,
+            what: what.into(),
+            by: by.into(),
+        };
+        assert_eq!(
+            store.events(&scope).await.unwrap(),
+            [history(
+                later,
+                "resolved: completed with status 201",
+                BY_CLI
+            )]
+        );
+        assert_eq!(
+            store.events(&other).await.unwrap(),
+            [history(now, "resolved: released", "console")]
+        );
         assert!(matches!(
-            resolve(&store, &other, &Resolution::Release, now).await,
+            resolve(&store, &other, &Resolution::Release, now, "console").await,
             Err(ResolveError::NoRecord)
         ));
     }
@@ -361,6 +436,10 @@ mod tests {
             ("X-A".into(), "b: c".into())
         );
         assert!(parse_header("no colon").is_err());
+        assert!(valid_by("console") && valid_by(BY_CLI));
+        for bad in ["", "  ", "a\nb", "\u{7f}", &"x".repeat(65)] {
+            assert!(!valid_by(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Subcommand;
-use idem_core::{AccountId, Clock, Record, RecordState, Scope, SystemClock, Timestamp};
+use idem_core::{
+    AccountId, Clock, Record, RecordEvent, RecordState, Scope, SystemClock, Timestamp,
+};
 use idem_gateway::Secret;
 use idem_store::{AdminStore, PgStore, RecordFilter, RedisStore, SharedSecret, SqliteStore};
 
@@ -289,8 +291,11 @@ async fn show<S: AdminStore>(
     now: Timestamp,
 ) -> anyhow::Result<ExitCode> {
     let scope = scope(account, key)?;
+    let events = store.events(&scope).await?;
     let Some(record) = store.get(&scope, now).await? else {
         eprintln!("no record for key {key:?} of account {account:?}");
+        // A released key's history outlives its record.
+        print_history(&events, now);
         return Ok(ExitCode::from(1));
     };
     let (state, lease, outcome) = describe(&record, now);
@@ -319,7 +324,22 @@ async fn show<S: AdminStore>(
             );
         }
     }
+    print_history(&events, now);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The key's history as the store keeps it, oldest first: one `history` line per event, with
+/// how long ago (by this machine's clock; the event's time is its writer's) and who.
+fn print_history(events: &[RecordEvent], now: Timestamp) {
+    for event in events {
+        println!(
+            "history      {} ago: {}, by {} (at {} ms)",
+            age(event.at, now),
+            event.what,
+            event.by,
+            event.at.0
+        );
+    }
 }
 
 /// `idem keys purge`: deletes one record, 1 if there was none.
@@ -343,7 +363,7 @@ async fn resolve<S: AdminStore>(
     now: Timestamp,
 ) -> anyhow::Result<ExitCode> {
     let scope = scope(account, key)?;
-    match admin::resolve(store, &scope, resolution, now).await {
+    match admin::resolve(store, &scope, resolution, now, admin::BY_CLI).await {
         Ok(Resolved::Completed) => {
             let Resolution::Complete(response) = resolution else {
                 unreachable!("only a completion completes")

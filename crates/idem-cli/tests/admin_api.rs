@@ -1,13 +1,14 @@
 //! The admin API of `idem serve` and `idem proxy` (`--admin-token`): absent without the flag,
 //! 401 without the token or with a wrong one, and, with it, keys of unknown outcome (a killed
 //! `idem serve` on SQLite) and keys a killed `idem proxy` left in progress (Redis) listed,
-//! shown and resolved over HTTP, then retried through the running server.
+//! shown and resolved over HTTP, then retried through the running server; and each key's
+//! history, kept by the store, holding what `idem keys`, the console and the reconciler did.
 
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{ALICE, RedisPrefix, TestServer, send, start_psp};
+use crate::common::{ALICE, RedisPrefix, TestServer, idem_output, send, start_psp};
 use crate::keys_resolve::{
     left_in_progress, proxy, retries_replay_and_rerun, serve, start_silent_upstream, strand_orders,
 };
@@ -308,4 +309,166 @@ async fn the_proxys_admin_api_resolves_keys_a_killed_proxy_left_on_redis() {
     // The retries through the running proxy.
     let resolved = ("api-order-resolved", r#"{"id":"order-by-api"}"#);
     retries_replay_and_rerun(&second.url, resolved, "api-order-released", &mut arrivals).await;
+}
+
+/// `GET /admin/keys/{account}/{key}` until its `events` are `count` long (the body then), within
+/// 30 s.
+async fn events_until(url: &str, count: usize) -> (u16, Value) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, _, shown) = json_of(admin(reqwest::Method::GET, url, Some(TOKEN))).await;
+        let seen = shown["events"].as_array().map_or(0, Vec::len);
+        if seen >= count || Instant::now() > deadline {
+            return (status, shown);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The `what` and `by` of each event of a shown key, and that each has a time.
+fn whats_and_bys(shown: &Value) -> Vec<(String, String)> {
+    let events = shown["events"].as_array().expect("a key's events");
+    events
+        .iter()
+        .map(|event| {
+            assert!(event["at_ms"].as_i64().is_some_and(|at| at > 0), "{event}");
+            (
+                event["what"].as_str().unwrap().to_owned(),
+                event["by"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A key's history is the store's, across processes: a key resolved by `idem keys` (another
+/// process, while the server runs) shows in the running server's admin API by `idem keys
+/// (CLI)`; a release through the API by the console (`"by"`) keeps its history once the record
+/// is gone, and `idem keys show` prints both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_keys_history_holds_resolutions_made_by_any_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let (psp, psp_url) = start_psp().await;
+    // The server's reconciler waits at the provider: the operators resolve.
+    psp.hold_lookups();
+    left_in_progress(&db, &psp_url, "1", "after-provider", "history-by-cli-01").await;
+    left_in_progress(&db, &psp_url, "1", "before-provider", "history-by-console").await;
+    let served = serve(&db, &psp_url, "1", &["--admin-token", TOKEN]);
+    let keys = format!("{}/admin/keys/acct_alice", served.url);
+    let (status, shown) = events_until(&format!("{keys}/history-by-cli-01"), 0).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["events"], json!([]), "no history yet: {shown}");
+
+    let database = format!("sqlite://{}", db.display());
+    let cli =
+        |args: &[&str]| idem_output("keys", &[&["--database", database.as_str()], args].concat());
+    let (code, stdout, stderr) = cli(&[
+        "resolve",
+        "acct_alice",
+        "history-by-cli-01",
+        "--status",
+        "201",
+        "--body",
+        r#"{"id": "po_by_cli"}"#,
+    ]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let (status, shown) = events_until(&format!("{keys}/history-by-cli-01"), 1).await;
+    assert_eq!(
+        (status, &shown["state"]),
+        (200, &json!("completed")),
+        "{shown}"
+    );
+    assert_eq!(
+        whats_and_bys(&shown),
+        [(
+            "resolved: completed with status 201".to_owned(),
+            "idem keys (CLI)".to_owned()
+        )],
+        "{shown}"
+    );
+
+    let console = format!("{keys}/history-by-console");
+    for by in [json!("a\nb"), json!(""), json!("x".repeat(65)), json!(7)] {
+        let (status, _, problem) = json_of(
+            admin(
+                reqwest::Method::POST,
+                &format!("{console}/resolve"),
+                Some(TOKEN),
+            )
+            .json(&json!({"release": true, "by": by})),
+        )
+        .await;
+        assert_eq!(status, 400, "by {by}: {problem}");
+    }
+    let (status, _, resolved) = json_of(
+        admin(
+            reqwest::Method::POST,
+            &format!("{console}/resolve"),
+            Some(TOKEN),
+        )
+        .json(&json!({"release": true, "by": "console"})),
+    )
+    .await;
+    assert_eq!((status, resolved), (200, json!({"resolved": "released"})));
+    let (status, shown) = events_until(&console, 1).await;
+    assert_eq!(status, 404, "the record is gone: {shown}");
+    assert_eq!(
+        whats_and_bys(&shown),
+        [("resolved: released".to_owned(), "console".to_owned())],
+        "its history is not: {shown}"
+    );
+
+    let (code, stdout, _) = cli(&["show", "acct_alice", "history-by-cli-01"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("resolved: completed with status 201, by idem keys (CLI)"),
+        "{stdout}"
+    );
+    let (code, stdout, stderr) = cli(&["show", "acct_alice", "history-by-console"]);
+    assert_eq!(code, Some(1), "no record: {stderr}");
+    assert!(
+        stdout.contains("resolved: released, by console"),
+        "{stdout}"
+    );
+    // A purge deletes the history with the record.
+    let (code, _, stderr) = cli(&["purge", "acct_alice", "history-by-cli-01"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (status, shown) = events_until(&format!("{keys}/history-by-cli-01"), 0).await;
+    assert_eq!((status, &shown["events"]), (404, &json!([])), "{shown}");
+    psp.release_lookups();
+}
+
+/// The payout reconciler's work is in the key's history, by `reconciler`: a payout the provider
+/// charged before its server died is completed, one it never saw is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reconciled_payout_shows_in_its_keys_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let (_psp, psp_url) = start_psp().await;
+    left_in_progress(&db, &psp_url, "1", "after-provider", "history-charged-1").await;
+    left_in_progress(&db, &psp_url, "1", "before-provider", "history-never-sent").await;
+    // A new server's reconciler asks the provider once the leases have run out.
+    let served = serve(&db, &psp_url, "1", &["--admin-token", TOKEN]);
+    let keys = format!("{}/admin/keys/acct_alice", served.url);
+    let (status, shown) = events_until(&format!("{keys}/history-charged-1"), 1).await;
+    assert_eq!(
+        (status, &shown["state"]),
+        (200, &json!("completed")),
+        "{shown}"
+    );
+    assert_eq!(
+        whats_and_bys(&shown),
+        [(
+            "reconciled: completed with status 201".to_owned(),
+            "reconciler".to_owned()
+        )],
+        "{shown}"
+    );
+    let (status, shown) = events_until(&format!("{keys}/history-never-sent"), 1).await;
+    assert_eq!(status, 404, "released: {shown}");
+    assert_eq!(
+        whats_and_bys(&shown),
+        [("reconciled: released".to_owned(), "reconciler".to_owned())],
+        "{shown}"
+    );
 }

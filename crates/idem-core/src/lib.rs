@@ -64,7 +64,8 @@ pub use key::{IdempotencyKey, KeyError, KeyLimits};
 pub use policy::{Policy, PublishedPolicy};
 pub use problem::{ErrorDialect, Problem, ProblemKind};
 pub use record::{
-    Decision, FencingToken, Record, RecordState, StoredResponse, TRAILER_PREFIX, decide,
+    Decision, FencingToken, Record, RecordEvent, RecordState, StoredResponse, TRAILER_PREFIX,
+    decide,
 };
 pub use scope::{AccountId, DownstreamKey, Scope};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

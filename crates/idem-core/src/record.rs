@@ -102,6 +102,21 @@ pub struct Record {
     pub expires_at: Timestamp,
 }
 
+/// One thing an operator or a reconciler did to a key: its history, as a store keeps it
+/// (`AdminStore::record_event` in idem-store). Only these rare operations write one; the
+/// requests' own claims, renewals and completions never do, so keeping a history costs the
+/// request path nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordEvent {
+    /// When, by the writer's clock (Unix milliseconds).
+    pub at: Timestamp,
+    /// What happened, for people: `resolved: completed with status 201`, `resolved: released`,
+    /// `reconciled: completed with status 201`, `reconciled: released`.
+    pub what: String,
+    /// Who did it: `idem keys (CLI)`, `admin API`, `console`, `reconciler`.
+    pub by: String,
+}
+
 /// What to do with a request, given the record its key names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision<'a> {

@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 
 use idem_core::{
     AccountId, Clock, Decision, FencingToken, Fingerprint, IdempotencyKey, KeyLimits, Policy,
-    Record, RecordState, RequestParts, Scope, StoredResponse, SystemClock, Timestamp, decide,
+    Record, RecordEvent, RecordState, RequestParts, Scope, StoredResponse, SystemClock, Timestamp,
+    decide,
 };
 
 use crate::{
-    AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim, sweep_all, sweep_all_paced,
+    AdminStore, ClaimOutcome, EVENTS_KEPT, Error, NewClaim, RecordFilter, Result, Store,
+    TransactionalStore, TxClaim, sweep_all, sweep_all_paced,
 };
 
 /// A caller's clock that stands still, years from the store's (2027).
@@ -1354,6 +1355,125 @@ async fn purges_once<S: AdminStore>(store: &S, done: &Scope) {
     assert_eq!(store.get(done, now()).await.unwrap(), None);
 }
 
+/// A key's history: events come back oldest first, each key's and account's apart, whether
+/// the key has a record or not; a release leaves them, a purge deletes them, and a key keeps
+/// its latest [`EVENTS_KEPT`].
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
+pub async fn admin_keeps_a_history_of_events<S: AdminStore>(store: S) {
+    let event = |at: i64, what: &str, by: &str| RecordEvent {
+        at: Timestamp(T0.0 + at),
+        what: what.to_owned(),
+        by: by.to_owned(),
+    };
+    let (key, other_key, other_account) = (
+        scope("acct_a", "history-key-01"),
+        scope("acct_a", "history-key-02"),
+        scope("acct_b", "history-key-01"),
+    );
+    let events = |scope: Scope| {
+        let store = &store;
+        async move { store.events(&scope).await.unwrap() }
+    };
+    assert_eq!(events(key.clone()).await, [], "no history yet");
+
+    // A key of unknown outcome, resolved by an operator; the later event written first by the
+    // clock (the writer's clocks may disagree): the order is the order of writing.
+    claims(&store, &key, fingerprint("{}"), 1, now()).await;
+    let (first, second) = (
+        event(10, "resolved: completed with status 201", "idem keys (CLI)"),
+        event(5, "reconciled: released", "reconciler"),
+    );
+    store.record_event(&key, &first).await.unwrap();
+    store.record_event(&key, &second).await.unwrap();
+    store
+        .record_event(&other_account, &event(1, "resolved: released", "console"))
+        .await
+        .unwrap();
+    assert_eq!(events(key.clone()).await, [first.clone(), second.clone()]);
+    assert_eq!(events(other_key.clone()).await, [], "another key's history");
+    assert_eq!(
+        events(other_account.clone()).await,
+        [event(1, "resolved: released", "console")],
+        "the same key of another account"
+    );
+
+    // The history is the key's: a release of its record leaves it.
+    assert!(store.release(&key, FencingToken(1)).await.unwrap());
+    assert_eq!(events(key.clone()).await, [first, second]);
+    // A purge deletes it, with a record or without.
+    assert!(!store.purge(&key).await.unwrap());
+    assert_eq!(events(key.clone()).await, [], "purged");
+    claims(&store, &other_key, fingerprint("{}"), 2, now()).await;
+    store
+        .record_event(&other_key, &event(2, "resolved: released", "admin API"))
+        .await
+        .unwrap();
+    assert!(store.purge(&other_key).await.unwrap());
+    assert_eq!(events(other_key).await, [], "purged with its record");
+    assert_eq!(
+        events(other_account).await.len(),
+        1,
+        "another account's left"
+    );
+
+    // Bounded: the latest EVENTS_KEPT.
+    for i in 0..EVENTS_KEPT + 3 {
+        let what = format!("resolved: completed with status {i}");
+        store
+            .record_event(&key, &event(i as i64, &what, "reconciler"))
+            .await
+            .unwrap();
+    }
+    let kept = events(key).await;
+    assert_eq!(kept.len(), EVENTS_KEPT, "capped");
+    assert_eq!(
+        kept[0].what, "resolved: completed with status 3",
+        "the oldest went"
+    );
+    assert_eq!(
+        kept[EVENTS_KEPT - 1].what,
+        format!("resolved: completed with status {}", EVENTS_KEPT + 2)
+    );
+}
+
+/// On the stores that keep one table (or map) of events (SQLite, PostgreSQL, memory), writing
+/// an event deletes every key's events older than [`EVENTS_RETENTION`](crate::EVENTS_RETENTION)
+/// by the new event's time, and leaves the younger ones. (Redis expires a key's list whole,
+/// [`EVENTS_RETENTION`](crate::EVENTS_RETENTION) after its latest event.)
+///
+/// # Panics
+///
+/// When `store` fails or breaks the contract this checks; the message says how.
+pub async fn events_past_their_retention_go_when_an_event_is_written<S: AdminStore>(store: S) {
+    let event = |at: Timestamp| RecordEvent {
+        at,
+        what: "resolved: released".to_owned(),
+        by: "console".to_owned(),
+    };
+    let (old, young, writer) = (
+        scope("acct_a", "history-old-001"),
+        scope("acct_b", "history-young-1"),
+        scope("acct_a", "history-writer1"),
+    );
+    let retention = crate::EVENTS_RETENTION;
+    store.record_event(&old, &event(T0)).await.unwrap();
+    let young_at = T0.plus(Duration::from_secs(60 * 60));
+    store.record_event(&young, &event(young_at)).await.unwrap();
+    // Just within the retention of the old one: nothing goes.
+    let within = T0.plus(retention);
+    store.record_event(&writer, &event(within)).await.unwrap();
+    assert_eq!(store.events(&old).await.unwrap().len(), 1, "kept 30 days");
+    // Past it: the old one goes, the younger stays.
+    let past = within.plus(Duration::from_secs(1));
+    store.record_event(&writer, &event(past)).await.unwrap();
+    assert_eq!(store.events(&old).await.unwrap(), [], "expired");
+    assert_eq!(store.events(&young).await.unwrap(), [event(young_at)]);
+    assert_eq!(store.events(&writer).await.unwrap().len(), 2);
+}
+
 /// Writes one `#[tokio::test]` per name, each making a fresh `(store, guard)` with the async
 /// expression `$make` and running `$suite::$name(store)`, the guard dropped when the test
 /// ends. The conformance macros below are made with it; so is any suite of another crate that
@@ -1415,7 +1535,20 @@ macro_rules! shared_admin_conformance {
 #[macro_export]
 macro_rules! admin_conformance {
     ($make:expr) => {
-        $crate::tests_per_store!($make => [$crate::conformance]; admin_lists_purges_and_force_completes);
+        $crate::tests_per_store!($make => [$crate::conformance];
+            admin_lists_purges_and_force_completes,
+            admin_keeps_a_history_of_events,
+        );
+    };
+}
+
+/// Instantiates the part of the suite for [`AdminStore`]s whose events expire one by one as
+/// events are written: SQLite, PostgreSQL, memory (not Redis, whose lists expire whole).
+#[macro_export]
+macro_rules! table_events_conformance {
+    ($make:expr) => {
+        $crate::tests_per_store!($make => [$crate::conformance];
+            events_past_their_retention_go_when_an_event_is_written);
     };
 }
 

@@ -72,7 +72,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use idem_core::{
-    AccountId, FencingToken, Fingerprint, Policy, Record, Scope, StoredResponse, Timestamp,
+    AccountId, FencingToken, Fingerprint, Policy, Record, RecordEvent, Scope, StoredResponse,
+    Timestamp,
 };
 
 mod error;
@@ -364,7 +365,41 @@ pub trait AdminStore: Store {
         response: &StoredResponse,
         now: Timestamp,
     ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Adds `event` to the history of the key `scope` names: what an operator or a reconciler
+    /// did to it (a resolution, a reconciliation), kept apart from the record, so that it
+    /// outlives a release and is read by every process that shares the store. Only those rare
+    /// operations write one, never a request's claim, renewal or completion.
+    ///
+    /// The history is bounded: a key keeps its latest [`EVENTS_KEPT`] events; events older
+    /// than [`EVENTS_RETENTION`] (by the new event's time) are deleted, every key's, when an
+    /// event is written (on Redis a key's list expires that long after its latest event); and
+    /// [`purge`](Self::purge) deletes a key's events with its record. The sweeper leaves them:
+    /// a key's events are its own, whether or not it has a record, so a record released,
+    /// swept or claimed anew keeps the history of its key. `event.at` is the writer's clock,
+    /// kept as it is given.
+    fn record_event(
+        &self,
+        scope: &Scope,
+        event: &RecordEvent,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The history of the key `scope` names, oldest first (in the order they were recorded):
+    /// empty when nothing was recorded, or all of it has expired.
+    fn events(&self, scope: &Scope) -> impl Future<Output = Result<Vec<RecordEvent>>> + Send;
 }
+
+/// How many events a key's history keeps ([`AdminStore::record_event`]): the latest ones.
+pub const EVENTS_KEPT: usize = 100;
+
+/// How long an event of a key's history is kept ([`AdminStore::record_event`]): 30 days from
+/// its time, until the next event is written (on Redis, 30 days from the key's latest event,
+/// when the list expires whole).
+pub const EVENTS_RETENTION: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// [`EVENTS_RETENTION`] in milliseconds.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+pub(crate) const EVENTS_RETENTION_MS: i64 = 30 * 24 * 60 * 60 * 1000;
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 /// Rebuilds a scope read back from a store: the key was validated when it was stored, under

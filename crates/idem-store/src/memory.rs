@@ -14,10 +14,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use idem_core::{FencingToken, Record, RecordState, Scope, StoredResponse, Timestamp};
+use idem_core::{FencingToken, Record, RecordEvent, RecordState, Scope, StoredResponse, Timestamp};
 use tokio::task::JoinHandle;
 
-use crate::{AdminStore, ClaimOutcome, NewClaim, OutcomeChannel, RecordFilter, Result, Store};
+use crate::{
+    AdminStore, ClaimOutcome, EVENTS_KEPT, EVENTS_RETENTION, NewClaim, OutcomeChannel,
+    RecordFilter, Result, Store,
+};
 
 /// Records in this process's memory: lease mode ([`Store`]), outcome wake-ups
 /// ([`OutcomeChannel`]) and the operators' calls ([`AdminStore`]), with the same semantics as
@@ -71,6 +74,8 @@ struct Shared {
     // A std Mutex, not a Tokio one: no await happens while it is held, and each operation is
     // one short critical section, which is what makes a claim one atomic insert-if-absent.
     records: Mutex<HashMap<Scope, Record>>,
+    /// Each key's history ([`AdminStore::record_event`]), oldest first.
+    events: Mutex<HashMap<Scope, Vec<RecordEvent>>>,
     /// Who hears [`OutcomeChannel::publish_outcome`], by an id that ends their subscription.
     listeners: Mutex<HashMap<u64, Wake>>,
     next_listener: AtomicU64,
@@ -309,7 +314,35 @@ impl AdminStore for MemoryStore {
     }
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
+        lock(&self.shared.events).remove(scope);
         Ok(self.records().remove(scope).is_some())
+    }
+
+    async fn record_event(&self, scope: &Scope, event: &RecordEvent) -> Result<()> {
+        let mut events = lock(&self.shared.events);
+        // As the SQL stores do: every key's events older than the retention go, by the new
+        // event's time, so the map holds at most the events of the last 30 days.
+        let cutoff = event
+            .at
+            .0
+            .saturating_sub(i64::try_from(EVENTS_RETENTION.as_millis()).unwrap_or(i64::MAX));
+        events.retain(|_, kept| {
+            kept.retain(|e| e.at.0 >= cutoff);
+            !kept.is_empty()
+        });
+        let kept = events.entry(scope.clone()).or_default();
+        kept.push(event.clone());
+        if kept.len() > EVENTS_KEPT {
+            kept.drain(..kept.len() - EVENTS_KEPT);
+        }
+        Ok(())
+    }
+
+    async fn events(&self, scope: &Scope) -> Result<Vec<RecordEvent>> {
+        Ok(lock(&self.shared.events)
+            .get(scope)
+            .cloned()
+            .unwrap_or_default())
     }
 
     async fn force_complete(

@@ -38,7 +38,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Decision, FencingToken, Record, Scope, StoredResponse, Timestamp, decide};
+use idem_core::{
+    Decision, FencingToken, Record, RecordEvent, Scope, StoredResponse, Timestamp, decide,
+};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Connection as _, PgExecutor, Postgres, Row};
 use tokio::sync::watch;
@@ -50,8 +52,8 @@ use self::url::PgUrl;
 
 use crate::sql::{self, bind_claim, bind_filter, bind_scope, row_scope};
 use crate::{
-    AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim, in_caller_frame, is_unavailable, millis,
+    AdminStore, ClaimOutcome, EVENTS_KEPT, EVENTS_RETENTION_MS, Error, NewClaim, RecordFilter,
+    Result, Store, TransactionalStore, TxClaim, in_caller_frame, is_unavailable, millis,
 };
 
 /// The transaction a handler writes through in transaction mode.
@@ -906,9 +908,14 @@ impl AdminStore for PgStore {
     }
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
-        let purge =
-            sqlx::query("DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2")
-                .persistent(self.persistent());
+        // The key's history goes with it, in the same statement; the count is the record's.
+        let purge = sqlx::query(
+            "WITH events AS (
+                 DELETE FROM idem_record_events WHERE account_id = $1 AND idem_key = $2
+             )
+             DELETE FROM idempotency_keys WHERE account_id = $1 AND idem_key = $2",
+        )
+        .persistent(self.persistent());
         let purge = bind_scope(purge, scope);
         let done = on_session!(self, |conn| purge.execute(conn).await);
         Ok(self.watched(self.bounded(done).await)?.rows_affected() == 1)
@@ -933,5 +940,53 @@ impl AdminStore for PgStore {
             .await
         });
         self.watched(self.bounded(completed).await)
+    }
+
+    async fn record_event(&self, scope: &Scope, event: &RecordEvent) -> Result<()> {
+        // One statement: every key's events past the retention (by this event's time) go, and
+        // this key's oldest beyond the latest EVENTS_KEPT - 1, then the event is added.
+        let record = sqlx::query(
+            "WITH expired AS (
+                 DELETE FROM idem_record_events WHERE at < $3 - $6::bigint
+             ), trimmed AS (
+                 DELETE FROM idem_record_events
+                 WHERE account_id = $1 AND idem_key = $2 AND id <= (
+                     SELECT id FROM idem_record_events
+                     WHERE account_id = $1 AND idem_key = $2
+                     ORDER BY id DESC OFFSET $7::bigint LIMIT 1)
+             )
+             INSERT INTO idem_record_events (account_id, idem_key, at, what, by_whom)
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .persistent(self.persistent());
+        let record = bind_scope(record, scope)
+            .bind(event.at.0)
+            .bind(event.what.as_str())
+            .bind(event.by.as_str())
+            .bind(EVENTS_RETENTION_MS)
+            .bind(i64::try_from(EVENTS_KEPT - 1).unwrap_or(i64::MAX));
+        let done = on_session!(self, |conn| record.execute(conn).await);
+        self.watched(self.bounded(done).await)?;
+        Ok(())
+    }
+
+    async fn events(&self, scope: &Scope) -> Result<Vec<RecordEvent>> {
+        let events = sqlx::query(
+            "SELECT at, what, by_whom FROM idem_record_events
+             WHERE account_id = $1 AND idem_key = $2 ORDER BY id",
+        )
+        .persistent(self.persistent());
+        let events = bind_scope(events, scope);
+        let rows = on_session!(self, |conn| events.fetch_all(conn).await);
+        let rows = self.watched(self.bounded(rows).await)?;
+        rows.iter()
+            .map(|row| {
+                Ok(RecordEvent {
+                    at: Timestamp(row.try_get("at")?),
+                    what: row.try_get("what")?,
+                    by: row.try_get("by_whom")?,
+                })
+            })
+            .collect()
     }
 }

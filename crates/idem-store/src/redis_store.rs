@@ -116,10 +116,16 @@ const RENEW: &str = concat!(
 // KEYS: record, index. ARGV: fencing_token.
 const RELEASE: &str = include_str!("redis_store/lua/release.lua");
 
-// Deletes a record whatever its state, and its index entry: `1` if there was one.
+// Deletes a record whatever its state, its index entry and its key's history: `1` if there
+// was a record.
 //
-// KEYS: record, index.
+// KEYS: record, index, events.
 const PURGE: &str = include_str!("redis_store/lua/purge.lua");
+
+// Adds an event to a key's history, keeping its latest ones and expiring the list.
+//
+// KEYS: events. ARGV: the event (JSON), how many to keep, how long to keep the list (ms).
+const RECORD_EVENT: &str = include_str!("redis_store/lua/record_event.lua");
 
 // Reads the records among KEYS (entries of one index, so of one slot on a cluster) that a
 // listing wants: in the state ARGV[1] names (`in_progress`, `completed`, or empty for either)
@@ -189,13 +195,20 @@ const SWEEP: &str = concat!(
 ///   ([`AdminStore::list`](crate::AdminStore::list), `idem keys list`) walk it with `ZSCAN`
 ///   and read every record of the state asked for: an operator's tool, not the request path's.
 ///
+/// - `{prefix}:e:{account length}:{account}:{key}`: a list per key of the operators' and
+///   reconcilers' events ([`AdminStore::record_event`](crate::AdminStore::record_event)), JSON
+///   each (`at`, `what`, `by`), oldest first, capped to the latest
+///   [`EVENTS_KEPT`](crate::EVENTS_KEPT) and expiring
+///   [`EVENTS_RETENTION`](crate::EVENTS_RETENTION) after its latest event. Requests never
+///   write it.
+///
 /// On a cluster (`redis+cluster://`) a script may touch keys of one hash slot only, so the
 /// records are spread over [`CLUSTER_BUCKETS`](Self::CLUSTER_BUCKETS) buckets, each with an
-/// index of its own, and a record's two keys carry its bucket as their hash tag:
-/// `{prefix}:{bN}:k:…` and `{prefix}:{bN}:sweep`. A record's bucket is a hash of its scope, so
-/// every instance finds it in the same place; the buckets' slots fall on every primary, and the
-/// sweeper goes through every bucket's index, so it covers every primary. A cluster's prefix
-/// may not contain `{` or `}`, which would move the hash tag.
+/// index of its own, and a record's keys carry its bucket as their hash tag:
+/// `{prefix}:{bN}:k:…`, `{prefix}:{bN}:sweep` and `{prefix}:{bN}:e:…`. A record's bucket is a
+/// hash of its scope, so every instance finds it in the same place; the buckets' slots fall on
+/// every primary, and the sweeper goes through every bucket's index, so it covers every
+/// primary. A cluster's prefix may not contain `{` or `}`, which would move the hash tag.
 ///
 /// # Time
 ///
@@ -419,6 +432,7 @@ struct Scripts {
     list: Lua,
     purge: Lua,
     force_complete: Lua,
+    record_event: Lua,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -432,6 +446,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     // Like a release, a purge whose loss in a failover leaves the record as it was.
     purge: Lua::new(PURGE, false),
     force_complete: Lua::new(FORCE_COMPLETE, true),
+    // An operator's note, not a claim or an outcome: nothing held is freed by its loss.
+    record_event: Lua::new(RECORD_EVENT, false),
 });
 
 /// The scheme of a cluster's URL: `redis+cluster://HOST:PORT,HOST:PORT,…`.
@@ -563,6 +579,24 @@ impl RedisStore {
         record.push(':');
         record.push_str(key);
         record
+    }
+
+    /// The Redis key of the list holding the history of `scope`'s key
+    /// ([`AdminStore::record_event`](crate::AdminStore::record_event)):
+    /// `{prefix}:e:{account length}:{account}:{key}`, with the record's hash tag on a cluster,
+    /// so that it sits in the record's slot. Not under `:k:`, so no listing or sweep reads it.
+    fn events_key(&self, scope: &Scope) -> String {
+        let account = scope.account.as_str();
+        let tag = self
+            .tag(scope)
+            .map(|bucket| format!(":{{b{bucket}}}"))
+            .unwrap_or_default();
+        format!(
+            "{}{tag}:e:{}:{account}:{}",
+            self.prefix,
+            account.len(),
+            scope.key.as_str()
+        )
     }
 
     /// The sweep index that holds `scope`'s record.

@@ -44,7 +44,7 @@ use std::time::Duration;
 use deadpool::managed::{Metrics, QueueMode, RecycleResult};
 use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, RecyclingMethod, Runtime};
 use futures_util::FutureExt as _;
-use idem_core::{FencingToken, Record, Scope, StoredResponse, Timestamp};
+use idem_core::{FencingToken, Record, RecordEvent, Scope, StoredResponse, Timestamp};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::NoTls;
@@ -885,5 +885,13 @@ impl AdminStore for TokioPgStore {
         now: Timestamp,
     ) -> Result<bool> {
         self.sql.force_complete(scope, response, now).await
+    }
+
+    async fn record_event(&self, scope: &Scope, event: &RecordEvent) -> Result<()> {
+        self.sql.record_event(scope, event).await
+    }
+
+    async fn events(&self, scope: &Scope) -> Result<Vec<RecordEvent>> {
+        self.sql.events(scope).await
     }
 }

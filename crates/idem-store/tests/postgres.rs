@@ -13,7 +13,7 @@ use idem_store::conformance::assert_unavailable;
 use idem_store::{
     ClaimOutcome, NewClaim, PgStore, Store, TransactionalStore, admin_conformance,
     shared_admin_conformance, shared_store_conformance, store_conformance,
-    transactional_conformance,
+    table_events_conformance, transactional_conformance,
 };
 use idem_testkit::fault_relay::FaultRelay;
 use idem_testkit::postgres::{PgTestDatabase, with_database, with_hosts};
@@ -32,6 +32,7 @@ async fn fresh_store() -> (PgStore, PgTestDatabase) {
 store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
 admin_conformance!(fresh_store());
+table_events_conformance!(fresh_store());
 shared_store_conformance!(fresh_store());
 shared_admin_conformance!(fresh_store());
 pg_transaction_tests!(PgStore);
@@ -105,7 +106,10 @@ async fn concurrent_migrations_of_a_fresh_database_succeed() {
             .fetch_one(stores[0].pool())
             .await
             .unwrap();
-    assert_eq!(applied, 2, "0001 the keys, 0002 the shared secrets");
+    assert_eq!(
+        applied, 3,
+        "0001 the keys, 0002 the shared secrets, 0003 the keys' events"
+    );
     let key = scope("after-migrate");
     assert_eq!(
         stores[3].claim(&claim(&key, 1)).await.unwrap(),

@@ -653,3 +653,58 @@ async fn a_listing_pages_through_the_index_and_takes_accounts_literally() {
     assert!(top.windows(2).all(|w| w[0].created_at >= w[1].created_at));
     assert_eq!(list(None, 0).await.len(), 100, "the default limit");
 }
+
+/// A key's history is one list beside its record, not under the records' `:k:`, expiring
+/// 30 days after its latest event, and requests never write it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_keys_history_is_a_list_that_expires() {
+    let (store, prefix) = fresh_store().await;
+    let key = scope("acct_a", "history-ttl-01");
+    let now = Timestamp(1_800_000_000_000);
+    claim_and_complete_without_events(&store, &key, now).await;
+    assert!(
+        !prefix.keys().unwrap().iter().any(|k| k.contains(":e:")),
+        "a request wrote a history"
+    );
+    let event = idem_core::RecordEvent {
+        at: now,
+        what: "resolved: released".into(),
+        by: "console".into(),
+    };
+    store.record_event(&key, &event).await.unwrap();
+    let events = format!("{}:e:6:acct_a:history-ttl-01", prefix.prefix);
+    let mut conn = redis::Client::open(url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg(&events).query(&mut conn).unwrap();
+    let retention = i64::try_from(idem_store::EVENTS_RETENTION.as_millis()).unwrap();
+    assert!(
+        ttl > retention - 60_000 && ttl <= retention,
+        "the list expires 30 days on: {ttl} ms"
+    );
+    let len: i64 = redis::cmd("LLEN").arg(&events).query(&mut conn).unwrap();
+    assert_eq!(len, 1);
+    assert!(store.purge(&key).await.unwrap());
+    let exists: i64 = redis::cmd("EXISTS").arg(&events).query(&mut conn).unwrap();
+    assert_eq!(exists, 0, "purged with the record");
+}
+
+async fn claim_and_complete_without_events(store: &RedisStore, key: &Scope, now: Timestamp) {
+    assert_eq!(
+        store.claim(&claim(key, 1, now)).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"{}".to_vec(),
+        body_omitted: false,
+    };
+    assert!(
+        store
+            .complete(key, FencingToken(1), &response, now)
+            .await
+            .unwrap()
+    );
+}

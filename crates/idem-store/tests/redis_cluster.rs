@@ -42,6 +42,8 @@ async fn the_conformance_suite_passes_on_a_cluster() {
     conformance::a_caller_clock_minutes_off_changes_nothing(store_on(&cluster, "skew").await).await;
     // The listing goes through every bucket's index, on every primary.
     conformance::admin_lists_purges_and_force_completes(store_on(&cluster, "admin").await).await;
+    // A key's history sits in its record's slot: the purge script deletes both.
+    conformance::admin_keeps_a_history_of_events(store_on(&cluster, "history").await).await;
     conformance::a_listing_by_a_clock_ahead_sees_live_leases_running(
         store_on(&cluster, "admin-skew").await,
     )

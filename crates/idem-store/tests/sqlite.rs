@@ -2,7 +2,10 @@
 
 #![cfg(feature = "sqlite")]
 
-use idem_store::{SqliteStore, admin_conformance, store_conformance, transactional_conformance};
+use idem_store::{
+    SqliteStore, admin_conformance, store_conformance, table_events_conformance,
+    transactional_conformance,
+};
 
 async fn fresh_store() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -15,6 +18,7 @@ async fn fresh_store() -> (SqliteStore, tempfile::TempDir) {
 store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
 admin_conformance!(fresh_store());
+table_events_conformance!(fresh_store());
 
 // The group commit: requests waiting for the writer share one transaction and one commit, and
 // each hears of its commit only once it happened.

@@ -11,7 +11,7 @@ use idem_store::conformance::assert_unavailable;
 use idem_store::{
     ClaimOutcome, Store, TokioPgStore, TokioPgTx, TransactionalStore, TxClaim, admin_conformance,
     shared_admin_conformance, shared_store_conformance, store_conformance,
-    transactional_conformance,
+    table_events_conformance, transactional_conformance,
 };
 use idem_testkit::fault_relay::FaultRelay;
 use idem_testkit::postgres::PgTestDatabase;
@@ -33,6 +33,7 @@ async fn fresh_store() -> (TokioPgStore, PgTestDatabase) {
 store_conformance!(fresh_store());
 transactional_conformance!(fresh_store());
 admin_conformance!(fresh_store());
+table_events_conformance!(fresh_store());
 shared_store_conformance!(fresh_store());
 shared_admin_conformance!(fresh_store());
 pg_transaction_tests!(TokioPgStore);

@@ -2,11 +2,13 @@
 //! [`crate::admin`] over HTTP, behind a bearer token, mounted only when a token is given.
 //!
 //! - `GET /admin/keys?state=&account=&limit=`: `{"keys": [record, …]}`, newest first;
-//! - `GET /admin/keys/{account}/{key}`: one record;
+//! - `GET /admin/keys/{account}/{key}`: one record, with its key's history as the store keeps
+//!   it (`"events"`, oldest first; on the `404` of a key without a record too);
 //! - `POST /admin/keys/{account}/{key}/resolve` with `{"status": 201, "headers": {"Name":
-//!   "value"}, "body": …}` or `{"release": true}`;
+//!   "value"}, "body": …}` or `{"release": true}`, and optionally `"by": "…"` (who, for the
+//!   key's history: `admin API` when not given);
 //! - `GET /admin/resolutions?account=&key=`: the resolutions made through this process's admin
-//!   API, newest first;
+//!   API, newest first (kept for its callers; the store's events are the history now);
 //! - `GET /admin/outcomes`: `idem_requests_total` by outcome, sampled every 10 s over the last
 //!   hour.
 //!
@@ -21,7 +23,7 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use idem_core::{AccountId, Clock, Record, RecordState, Timestamp};
+use idem_core::{AccountId, Clock, Record, RecordEvent, RecordState, Timestamp};
 use idem_store::AdminStore;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -70,7 +72,8 @@ struct Admin<S> {
     store: S,
     /// The server's clock, the frame of the times its records hold.
     clock: Arc<dyn Clock>,
-    /// What this process's admin API resolved: the store keeps no history.
+    /// What this process's admin API resolved, for `GET /admin/resolutions`; a key's history
+    /// is the store's ([`AdminStore::events`]).
     resolutions: Arc<ResolutionLog>,
     /// The layer's counters over the last hour, sampled from the time the router is built.
     outcomes: Arc<OutcomeSamples>,
@@ -186,15 +189,42 @@ async fn show<S: AdminStore>(
         return problem(StatusCode::BAD_REQUEST, "Bad key", "not a valid key");
     };
     let now = clock.now();
+    let events = match store.events(&scope).await {
+        Ok(events) => events_json(&events),
+        Err(e) => return store_failed(&e),
+    };
     match store.get(&scope, now).await {
-        Ok(Some(record)) => Json(record_json(&record, now)).into_response(),
-        Ok(None) => problem(
-            StatusCode::NOT_FOUND,
-            "No record",
-            &ResolveError::NoRecord.to_string(),
-        ),
+        Ok(Some(record)) => {
+            let mut shown = record_json(&record, now);
+            shown["events"] = events;
+            Json(shown).into_response()
+        }
+        Ok(None) => {
+            // A released key's history outlives its record: the problem carries it.
+            let body = json!({
+                "type": "about:blank",
+                "title": "No record",
+                "status": 404,
+                "detail": ResolveError::NoRecord.to_string(),
+                "events": events,
+            });
+            (
+                StatusCode::NOT_FOUND,
+                [(header::CONTENT_TYPE, "application/problem+json")],
+                body.to_string(),
+            )
+                .into_response()
+        }
         Err(e) => store_failed(&e),
     }
+}
+
+/// A key's history as the admin API shows it, oldest first; times in Unix milliseconds.
+fn events_json(events: &[RecordEvent]) -> Value {
+    events
+        .iter()
+        .map(|event| json!({"at_ms": event.at.0, "what": event.what, "by": event.by}))
+        .collect()
 }
 
 /// `POST …/resolve`'s body: an answer to store, or a release.
@@ -207,6 +237,8 @@ struct ResolveBody {
     body: Option<Value>,
     #[serde(default)]
     release: bool,
+    /// Who resolves, for the key's history (the console says `console`).
+    by: Option<String>,
 }
 
 async fn resolve<S: AdminStore>(
@@ -222,18 +254,31 @@ async fn resolve<S: AdminStore>(
     let Ok(scope) = super::scope(&account, &key) else {
         return problem(StatusCode::BAD_REQUEST, "Bad key", "not a valid key");
     };
+    let by = match &body {
+        Ok(Json(ResolveBody { by: Some(by), .. })) if !super::valid_by(by) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "Bad resolution",
+                "\"by\" names who resolves: 1 to 64 characters, no control characters",
+            );
+        }
+        Ok(Json(ResolveBody { by: Some(by), .. })) => by.trim().to_owned(),
+        _ => super::BY_ADMIN_API.to_owned(),
+    };
     let resolution = match body {
         Ok(Json(ResolveBody {
             release: true,
             status: None,
             body: None,
             headers,
+            ..
         })) if headers.is_empty() => Resolution::Release,
         Ok(Json(ResolveBody {
             release: false,
             status: Some(status),
             headers,
             body,
+            ..
         })) => {
             let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
             match Resolution::complete(status, headers.into_iter().collect(), body) {
@@ -245,7 +290,7 @@ async fn resolve<S: AdminStore>(
             return problem(
                 StatusCode::BAD_REQUEST,
                 "Bad resolution",
-                r#"expected {"status": N, "headers": {…}, "body": …} or {"release": true}"#,
+                r#"expected {"status": N, "headers": {…}, "body": …} or {"release": true}, each with an optional "by": "…""#,
             );
         }
     };
@@ -254,7 +299,7 @@ async fn resolve<S: AdminStore>(
         Resolution::Complete(response) => Some(response.status),
         Resolution::Release => None,
     };
-    match super::resolve(&store, &scope, &resolution, now).await {
+    match super::resolve(&store, &scope, &resolution, now, &by).await {
         Ok(resolved) => {
             resolutions.record(now, &scope, resolved, status);
             Json(json!({"resolved": resolved.name()})).into_response()

@@ -28,6 +28,7 @@ use super::backend::Backend;
 use super::error::ApiError;
 use super::payments::parse_request;
 use super::provider::{Charge, PausePoint, Provider};
+use crate::admin::{BY_RECONCILER, note};
 
 /// A payout as the API shows it.
 #[derive(Debug, Clone, Serialize)]
@@ -155,7 +156,8 @@ enum Reconciled {
 /// failed): asks the provider by key what happened, then completes the record with the
 /// provider's answer, or releases it when the provider has no such charge; when the provider
 /// cannot be asked, the record stays in progress, visible to operators (`idem keys list`),
-/// and is tried again next round.
+/// and is tried again next round. What it did goes into the key's history in the store
+/// (`reconciled: completed with status 201` or `reconciled: released`, by `reconciler`).
 ///
 /// A `404` may be trusted because the lease covers the provider timeout: once it has run out,
 /// no call made under the claim can still be running, so no charge can still appear.
@@ -220,16 +222,22 @@ async fn reconcile_one<B: Backend>(
                 body,
                 body_omitted: false,
             };
-            match store
-                .complete(&record.scope, token, &stored, clock.now())
-                .await
-            {
-                Ok(true) => Reconciled::Completed,
+            let now = clock.now();
+            match store.complete(&record.scope, token, &stored, now).await {
+                Ok(true) => {
+                    let what = format!("reconciled: completed with status {}", stored.status);
+                    note(store, &record.scope, now, what, BY_RECONCILER).await;
+                    Reconciled::Completed
+                }
                 _ => Reconciled::Unknown,
             }
         }
         404 => match store.release(&record.scope, token).await {
-            Ok(true) => Reconciled::Released,
+            Ok(true) => {
+                let what = "reconciled: released".to_owned();
+                note(store, &record.scope, clock.now(), what, BY_RECONCILER).await;
+                Reconciled::Released
+            }
             _ => Reconciled::Unknown,
         },
         _ => Reconciled::Unknown,

@@ -8,13 +8,16 @@
 
 use std::time::Instant;
 
-use idem_core::{Record, Scope, StoredResponse, Timestamp};
+use idem_core::{Record, RecordEvent, Scope, StoredResponse, Timestamp};
 use redis::Value;
 
 use super::{
     Layout, MAX_TTL_MS, RedisStore, SCRIPTS, headers_json, outcome_args, record_from_fields,
 };
-use crate::{AdminStore, Error, RecordFilter, Result, in_caller_frame, millis};
+use crate::{
+    AdminStore, EVENTS_KEPT, EVENTS_RETENTION_MS, Error, RecordFilter, Result, in_caller_frame,
+    millis,
+};
 
 /// How many index entries one `ZSCAN` asks for, and so about how many records one read script
 /// looks at: a few hundred microseconds of Redis's time per step.
@@ -46,7 +49,10 @@ impl AdminStore for RedisStore {
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
         let (record, index) = (self.record_key(scope), self.index_key(scope));
-        let (done, _) = self.run(&SCRIPTS.purge, &[&record, &index], |_| {}).await?;
+        let events = self.events_key(scope);
+        let (done, _) = self
+            .run(&SCRIPTS.purge, &[&record, &index, &events], |_| {})
+            .await?;
         Ok(done == Value::Int(1))
     }
 
@@ -66,6 +72,38 @@ impl AdminStore for RedisStore {
             })
             .await?;
         self.written(done, confirmed)
+    }
+
+    async fn record_event(&self, scope: &Scope, event: &RecordEvent) -> Result<()> {
+        let entry = serde_json::json!({"at": event.at.0, "what": event.what, "by": event.by});
+        let events = self.events_key(scope);
+        self.run(&SCRIPTS.record_event, &[&events], |call| {
+            call.arg(entry.to_string())
+                .arg(EVENTS_KEPT)
+                .arg(EVENTS_RETENTION_MS);
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn events(&self, scope: &Scope) -> Result<Vec<RecordEvent>> {
+        let mut range = redis::cmd("LRANGE");
+        range.arg(self.events_key(scope)).arg(0).arg(-1);
+        let entries: Vec<String> = self.conn.query(&range).await?;
+        entries
+            .iter()
+            .map(|entry| {
+                let unreadable =
+                    || Error::Corrupt("an event of a key's history is unreadable".into());
+                let entry: serde_json::Value =
+                    serde_json::from_str(entry).map_err(|_| unreadable())?;
+                Ok(RecordEvent {
+                    at: Timestamp(entry["at"].as_i64().ok_or_else(unreadable)?),
+                    what: entry["what"].as_str().ok_or_else(unreadable)?.to_owned(),
+                    by: entry["by"].as_str().ok_or_else(unreadable)?.to_owned(),
+                })
+            })
+            .collect()
     }
 }
 

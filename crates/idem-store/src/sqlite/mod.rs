@@ -16,7 +16,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_core::{FencingToken, Record, Scope, StoredResponse, Timestamp};
+use idem_core::{FencingToken, Record, RecordEvent, Scope, StoredResponse, Timestamp};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
@@ -24,8 +24,8 @@ use sqlx::{Row, SqliteConnection};
 
 use crate::sql::{self, bind_claim, bind_filter, bind_scope, row_scope};
 use crate::{
-    AdminStore, ClaimOutcome, Error, NewClaim, RecordFilter, Result, Store, TransactionalStore,
-    TxClaim,
+    AdminStore, ClaimOutcome, EVENTS_KEPT, EVENTS_RETENTION_MS, Error, NewClaim, RecordFilter,
+    Result, Store, TransactionalStore, TxClaim,
 };
 
 mod group_commit;
@@ -445,10 +445,66 @@ impl AdminStore for SqliteStore {
     }
 
     async fn purge(&self, scope: &Scope) -> Result<bool> {
+        // The key's history goes with it, in the same transaction.
+        let mut tx = self.writer.begin().await?;
+        let events =
+            sqlx::query("DELETE FROM idem_record_events WHERE account_id = ?1 AND idem_key = ?2");
+        bind_scope(events, scope).execute(&mut *tx).await?;
         let purge =
             sqlx::query("DELETE FROM idempotency_keys WHERE account_id = ?1 AND idem_key = ?2");
-        let done = bind_scope(purge, scope).execute(&self.writer).await?;
+        let done = bind_scope(purge, scope).execute(&mut *tx).await?;
+        tx.commit().await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn record_event(&self, scope: &Scope, event: &RecordEvent) -> Result<()> {
+        // Every key's events past the retention (by this event's time) go, and this key's
+        // oldest beyond the latest EVENTS_KEPT - 1; then the event is added. One transaction.
+        let mut tx = self.writer.begin().await?;
+        sqlx::query("DELETE FROM idem_record_events WHERE at < ?1")
+            .bind(event.at.0.saturating_sub(EVENTS_RETENTION_MS))
+            .execute(&mut *tx)
+            .await?;
+        let trim = sqlx::query(
+            "DELETE FROM idem_record_events
+             WHERE account_id = ?1 AND idem_key = ?2 AND id <= (
+                 SELECT id FROM idem_record_events
+                 WHERE account_id = ?1 AND idem_key = ?2
+                 ORDER BY id DESC LIMIT 1 OFFSET ?3)",
+        );
+        bind_scope(trim, scope)
+            .bind(i64::try_from(EVENTS_KEPT - 1).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?;
+        let insert = sqlx::query(
+            "INSERT INTO idem_record_events (account_id, idem_key, at, what, by_whom)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        );
+        bind_scope(insert, scope)
+            .bind(event.at.0)
+            .bind(event.what.as_str())
+            .bind(event.by.as_str())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn events(&self, scope: &Scope) -> Result<Vec<RecordEvent>> {
+        let events = sqlx::query(
+            "SELECT at, what, by_whom FROM idem_record_events
+             WHERE account_id = ?1 AND idem_key = ?2 ORDER BY id",
+        );
+        let rows = bind_scope(events, scope).fetch_all(&self.readers).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(RecordEvent {
+                    at: Timestamp(row.try_get("at")?),
+                    what: row.try_get("what")?,
+                    by: row.try_get("by_whom")?,
+                })
+            })
+            .collect()
     }
 
     async fn force_complete(

@@ -17,9 +17,10 @@ const $ = (id) => document.getElementById(id);
 
 /** An answer of the admin API other than 2xx. */
 class ApiError extends Error {
-  constructor(status, detail) {
+  constructor(status, detail, body) {
     super(detail);
     this.status = status;
+    this.body = body;
   }
 }
 
@@ -44,7 +45,7 @@ async function api(path, options = {}) {
   if (!response.ok) {
     const detail = (body && (body.detail || body.title)) || text || response.statusText;
     if (response.status === 401) refused(detail);
-    throw new ApiError(response.status, detail);
+    throw new ApiError(response.status, detail, body);
   }
   return body;
 }
@@ -212,25 +213,23 @@ async function openRecord(account, key) {
   $('record').hidden = false;
   $('record-title').textContent = `${account} / ${key}`;
   let record = null;
-  let resolutions = [];
+  let events = [];
   try {
-    const query = new URLSearchParams({ account, key });
-    [record, { resolutions }] = await Promise.all([
-      api(recordPath(account, key)).catch((e) => {
-        if (e instanceof ApiError && e.status === 404) return null;
-        throw e;
-      }),
-      api('/admin/resolutions?' + query),
-    ]);
+    record = await api(recordPath(account, key));
+    events = record.events || [];
   } catch (e) {
-    failed(e);
-    return;
+    // No record: the key's history, kept by the store, may outlive it (a release).
+    if (!(e instanceof ApiError && e.status === 404)) {
+      failed(e);
+      return;
+    }
+    events = (e.body && e.body.events) || [];
   }
-  showRecord(record, resolutions);
+  showRecord(record, events);
   $('record').scrollIntoView({ block: 'start' });
 }
 
-function showRecord(record, resolutions) {
+function showRecord(record, events) {
   const fields = $('record-fields');
   fields.replaceChildren();
   const field = (name, value, hint) => {
@@ -245,7 +244,10 @@ function showRecord(record, resolutions) {
     }
     fields.append(dt, dd);
   };
-  const completedByUs = resolutions.find((r) => r.resolved === 'completed');
+  // The store's event of this record's completion by an operator or the reconciler, if any:
+  // the key's history may hold events of an earlier record of the same key too.
+  const completedByUs = record ? events.filter((e) => e.at_ms >= record.created_at_ms &&
+    /^(resolved|reconciled): completed/.test(e.what)).pop() : undefined;
   if (!record) {
     field('State', 'no record', 'none is stored for this key: never claimed, released, or ' +
       'expired and swept; its next copy runs afresh.');
@@ -267,13 +269,14 @@ function showRecord(record, resolutions) {
     }
   }
   showAnswer(record && record.response);
-  showHistory(record, resolutions, completedByUs);
+  showHistory(record, events, completedByUs);
   $('resolve').hidden = !record || record.state === 'completed';
 }
 
 /** When a completed record was completed: the record keeps no such time. */
 function completedAt(record, completedByUs) {
-  if (completedByUs) return `${when(completedByUs.at_ms)} (resolved by ${completedByUs.by})`;
+  if (completedByUs) return `${when(completedByUs.at_ms)} (${completedByUs.what}, by ` +
+    `${completedByUs.by})`;
   if (typeof view.retention === 'number') {
     return `${when(record.expires_at_ms - view.retention * 1000)} (derived: expires at ` +
       `less the retention of ${view.retention} s that /idempotency-policy publishes)`;
@@ -301,7 +304,9 @@ function showAnswer(response) {
   answer.append(status, headers, body);
 }
 
-function showHistory(record, resolutions, completedByUs) {
+/** The record's own times, and the key's history as the store keeps it (who resolved or
+ * reconciled it, from any process), in time order. */
+function showHistory(record, stored, completedByUs) {
   const events = [];
   if (record) {
     events.push({ at: record.created_at_ms, what: 'claimed: the first copy of the request ' +
@@ -321,12 +326,8 @@ function showHistory(record, resolutions, completedByUs) {
         (at === null ? ' (time not kept by the record)' : ' (time derived from its expiry)') });
     }
   }
-  for (const r of resolutions) {
-    events.push({
-      at: r.at_ms,
-      what: (r.resolved === 'completed' ? `resolved: completed with status ${r.status}` :
-        'resolved: released, the record deleted') + `, by ${r.by}`,
-    });
+  for (const e of stored) {
+    events.push({ at: e.at_ms, what: `${e.what}, by ${e.by}` });
   }
   events.sort((a, b) => (a.at ?? Infinity) - (b.at ?? Infinity));
   const list = $('record-history');
@@ -390,7 +391,7 @@ async function resolve(account, key, resolution) {
   try {
     const { resolved } = await api(recordPath(account, key) + '/resolve', {
       method: 'POST',
-      body: resolution,
+      body: { ...resolution, by: 'console' },
     });
     // The list first: with a search for this key it opens the record too.
     await loadKeys();
