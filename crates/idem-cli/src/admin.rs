@@ -6,7 +6,6 @@
 pub mod api;
 mod console;
 mod outcomes;
-mod resolutions;
 
 use idem_core::{
     AccountId, IdempotencyKey, KeyLimits, Record, RecordEvent, RecordState, Scope, StoredResponse,

@@ -7,8 +7,6 @@
 //! - `POST /admin/keys/{account}/{key}/resolve` with `{"status": 201, "headers": {"Name":
 //!   "value"}, "body": …}` or `{"release": true}`, and optionally `"by": "…"` (who, for the
 //!   key's history: `admin API` when not given);
-//! - `GET /admin/resolutions?account=&key=`: the resolutions made through this process's admin
-//!   API, newest first (kept for its callers; the store's events are the history now);
 //! - `GET /admin/outcomes`: `idem_requests_total` by outcome, sampled every 10 s over the last
 //!   hour.
 //!
@@ -30,7 +28,6 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::outcomes::OutcomeSamples;
-use super::resolutions::ResolutionLog;
 use super::{KeyState, Resolution, ResolveError};
 
 /// The token the admin API asks for, kept as its SHA-256 so that every comparison is of 32
@@ -72,9 +69,6 @@ struct Admin<S> {
     store: S,
     /// The server's clock, the frame of the times its records hold.
     clock: Arc<dyn Clock>,
-    /// What this process's admin API resolved, for `GET /admin/resolutions`; a key's history
-    /// is the store's ([`AdminStore::events`]).
-    resolutions: Arc<ResolutionLog>,
     /// The layer's counters over the last hour, sampled from the time the router is built.
     outcomes: Arc<OutcomeSamples>,
 }
@@ -87,7 +81,6 @@ pub fn router<S: AdminStore>(store: S, token: AdminToken, clock: Arc<dyn Clock>)
         store,
         outcomes: OutcomeSamples::start(clock.clone()),
         clock,
-        resolutions: Arc::default(),
     };
     axum::Router::new()
         .route("/admin/keys", axum::routing::get(list::<S>))
@@ -96,7 +89,6 @@ pub fn router<S: AdminStore>(store: S, token: AdminToken, clock: Arc<dyn Clock>)
             "/admin/keys/{account}/{key}/resolve",
             axum::routing::post(resolve::<S>),
         )
-        .route("/admin/resolutions", axum::routing::get(resolutions::<S>))
         .route("/admin/outcomes", axum::routing::get(outcomes::<S>))
         .with_state(admin)
         // On the routes only: a path outside them is not the admin API's to refuse, and the
@@ -242,12 +234,7 @@ struct ResolveBody {
 }
 
 async fn resolve<S: AdminStore>(
-    State(Admin {
-        store,
-        clock,
-        resolutions,
-        ..
-    }): State<Admin<S>>,
+    State(Admin { store, clock, .. }): State<Admin<S>>,
     Path((account, key)): Path<(String, String)>,
     body: Result<Json<ResolveBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
@@ -294,46 +281,10 @@ async fn resolve<S: AdminStore>(
             );
         }
     };
-    let now = clock.now();
-    let status = match &resolution {
-        Resolution::Complete(response) => Some(response.status),
-        Resolution::Release => None,
-    };
-    match super::resolve(&store, &scope, &resolution, now, &by).await {
-        Ok(resolved) => {
-            resolutions.record(now, &scope, resolved, status);
-            Json(json!({"resolved": resolved.name()})).into_response()
-        }
+    match super::resolve(&store, &scope, &resolution, clock.now(), &by).await {
+        Ok(resolved) => Json(json!({"resolved": resolved.name()})).into_response(),
         Err(e) => resolve_failed(&e),
     }
-}
-
-/// `GET /admin/resolutions`'s query: one key's, or every one's.
-#[derive(Debug, serde::Deserialize)]
-struct ResolutionsQuery {
-    account: Option<String>,
-    key: Option<String>,
-}
-
-async fn resolutions<S: AdminStore>(
-    State(Admin { resolutions, .. }): State<Admin<S>>,
-    Query(query): Query<ResolutionsQuery>,
-) -> Response {
-    let scope = match (query.account, query.key) {
-        (None, None) => None,
-        (Some(account), Some(key)) => match super::scope(&account, &key) {
-            Ok(scope) => Some(scope),
-            Err(_) => return problem(StatusCode::BAD_REQUEST, "Bad key", "not a valid key"),
-        },
-        _ => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "Bad query",
-                "expected both account=ACCOUNT and key=KEY, or neither",
-            );
-        }
-    };
-    Json(resolutions.to_json(scope.as_ref())).into_response()
 }
 
 async fn outcomes<S: AdminStore>(State(Admin { outcomes, .. }): State<Admin<S>>) -> Response {

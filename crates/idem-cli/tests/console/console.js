@@ -162,7 +162,7 @@ async function main() {
       const state = await page.locator('#record-fields .badge').textContent();
       check(state === 'completed', `the state: ${state}`);
       const history = await page.locator('#record-history').textContent();
-      check(/resolved: completed with status 201, by the admin API of this process/.test(history),
+      check(/resolved: completed with status 201, by console/.test(history),
         `history: ${history}`);
       check(await page.locator('#resolve').isHidden(), 'a completed key offers a resolution');
     });
