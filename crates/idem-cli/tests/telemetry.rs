@@ -590,3 +590,41 @@ fn an_unknown_otlp_protocol_stops_the_service_at_start() {
     );
     assert!(output.stdout.is_empty(), "it never listened");
 }
+
+/// A store that stops answering: the request's span says `store_unavailable` (the `503` the
+/// client gets), through `idem proxy` on Redis behind a relay that starts resetting every
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_exports_store_unavailable_when_redis_goes_away() {
+    use idem_testkit::fault_relay::{Fault, FaultRelay};
+    let (receiver, endpoint) = Receiver::http().await;
+    let prefix = crate::common::RedisPrefix::new("otel-store-down");
+    let relay = FaultRelay::start("127.0.0.1:6379".parse().unwrap(), 7)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (upstream, _arrivals, release) = held_upstream().await;
+    release.notify_one();
+    let proxy = Spawned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", &upstream])
+            .args(["--store", &format!("redis://{}/0", relay.addr())])
+            .args(["--redis-prefix", &prefix.0])
+            .current_dir(dir.path())
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint)
+            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+            .env_remove("IDEM_PROXY_SECRET"),
+    );
+    // Up, with its store, before the store goes away.
+    crate::common::assert_healthy(&reqwest::Client::new(), &proxy.url).await;
+    relay.set(Fault::Reset);
+    let caller = Trace::new();
+    let refused = caller
+        .on(order(&proxy.url, Some("Bearer t1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503);
+    let span = receiver.request_span(&caller).await;
+    assert_request_span(&span, &caller, "store_unavailable", "lease");
+}

@@ -361,15 +361,28 @@ async fn a_call_s_span_records_its_outcome_and_protocol() {
     }
     let refused = call(&mut client, create(Some("key-span-1"), 200, "")).await;
     assert_eq!(refused.unwrap_err().code(), Code::FailedPrecondition);
+    // A call the app's authentication found no account for: a service wired wrong.
+    let mut anonymous = create(Some("key-span-2"), 100, "");
+    anonymous.metadata_mut().remove("authorization");
+    let unscoped = call(&mut client, anonymous).await;
+    assert_eq!(unscoped.unwrap_err().code(), Code::Internal);
     // A span closes when the server drops the call's future, which may come after the
     // client has its answer.
-    let recorded = spans.closed(3).await;
+    let recorded = spans.closed(4).await;
     let mut outcomes: Vec<_> = recorded
         .iter()
         .map(|s| s["idempotency.outcome"].as_str())
         .collect();
     outcomes.sort_unstable();
-    assert_eq!(outcomes, ["fresh", "mismatch", "replayed"]);
+    assert_eq!(outcomes, ["fresh", "mismatch", "no_account", "replayed"]);
+    let (unscoped, scoped): (Vec<_>, Vec<_>) = recorded
+        .iter()
+        .partition(|s| s["idempotency.outcome"] == "no_account");
+    assert!(
+        !unscoped[0].contains_key("idempotency.key_hash"),
+        "no account, no scope to hash"
+    );
+    let recorded = scoped;
     for span in &recorded {
         assert_eq!(span["idempotency.protocol"], "grpc");
         assert_eq!(span["idempotency.mode"], "lease");
