@@ -70,9 +70,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let telemetry = telemetry::Telemetry::init(service)?;
-    if telemetry.exports() {
-        tracing::info!("exporting traces over OTLP");
-    }
     let result = match cli.command {
         Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Proxy(args) => proxy::run(args).await,

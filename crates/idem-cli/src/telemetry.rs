@@ -82,13 +82,9 @@ impl Telemetry {
         if export.is_some() {
             opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
             EXPORTING.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!("exporting traces over OTLP");
         }
         Ok(Self { export })
-    }
-
-    /// Whether spans are exported.
-    pub(crate) fn exports(&self) -> bool {
-        self.export.is_some()
     }
 
     /// Sends what is buffered and stops the export, waiting at most a few seconds for the
