@@ -14,8 +14,9 @@ step() { printf '\n== %s (%s)\n' "$1" "$(date +%T)"; }
 
 # Debian binaries that tests start themselves, installed once when missing: PgBouncer (tests
 # start their own in front of PostgreSQL), libfaketime (a proxy whose clock is minutes off),
-# protoc (the gRPC tests' code generation), curl (HTTP/2 over ALPN), and Chromium with Node.js
-# (the console's browser test, tests/admin_console.rs).
+# protoc (the gRPC tests' code generation), curl (HTTP/2 over ALPN), Chromium with Node.js
+# (the console's browser test, tests/admin_console.rs) and valgrind (idem-bench's instruction
+# counts).
 step "test tools"
 missing=()
 [ -x /usr/bin/chromium ] || missing+=(chromium)
@@ -25,6 +26,8 @@ command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(
   || missing+=(faketime)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# valgrind: idem-bench counts instructions per request under callgrind.
+command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing ${missing[*]} from Debian"
   starting="${missing[*]} (apt-get install -y ${missing[*]})"

@@ -21,6 +21,19 @@ pub struct Summary {
     /// The rows.
     #[serde(default)]
     pub rows: Vec<RowSummary>,
+    /// The instruction counts.
+    #[serde(default)]
+    pub instructions: Vec<InstructionsSummary>,
+}
+
+/// An instruction count, as compared.
+#[derive(Debug, Clone, Deserialize)]
+pub struct InstructionsSummary {
+    /// Its id (`proxy-redis`).
+    pub id: String,
+    /// Instructions per request, when counted.
+    #[serde(default)]
+    pub per_request: Option<f64>,
 }
 
 /// A micro-benchmark, as compared.
@@ -90,6 +103,12 @@ pub fn table(old: &Summary, new: &Summary, old_name: &str) -> String {
     let mut tables = Vec::new();
     if !old.rows.is_empty() || !new.rows.is_empty() {
         tables.push(columns(&ROW_COLUMNS, &row_lines(old, new, old_name)));
+    }
+    if !old.instructions.is_empty() || !new.instructions.is_empty() {
+        tables.push(columns(
+            &INSTRUCTIONS_COLUMNS,
+            &instructions_lines(old, new, old_name),
+        ));
     }
     if !old.micro.is_empty() || !new.micro.is_empty() {
         tables.push(columns(&MICRO_COLUMNS, &micro_lines(old, new, old_name)));
@@ -169,6 +188,37 @@ fn change(then: f64, now: f64) -> String {
     format!("{:+.2}{relative}", now - then)
 }
 
+const INSTRUCTIONS_COLUMNS: [(&str, Align); 4] = [
+    ("instructions", Align::Left),
+    ("per request then", Align::Right),
+    ("now", Align::Right),
+    ("now/then", Align::Right),
+];
+
+fn instructions_lines(old: &Summary, new: &Summary, old_name: &str) -> Vec<Vec<String>> {
+    let count = |n: Option<f64>| n.map_or_else(|| "-".into(), |n| format!("{n:.0}"));
+    matched(&old.instructions, &new.instructions, |i| i.id.as_str())
+        .into_iter()
+        .map(|line| match line {
+            Matched::Now { before, now } => {
+                let then = before.and_then(|b| b.per_request);
+                let ratio = match (before, then, now.per_request) {
+                    (None, _, _) => format!("not in {old_name}"),
+                    (_, Some(then), Some(now)) => format!("{:.2}×", now / then),
+                    _ => String::new(),
+                };
+                vec![now.id.clone(), count(then), count(now.per_request), ratio]
+            }
+            Matched::Gone(i) => vec![
+                i.id.clone(),
+                count(i.per_request),
+                "-".into(),
+                "not in this run".into(),
+            ],
+        })
+        .collect()
+}
+
 const MICRO_COLUMNS: [(&str, Align); 5] = [
     ("micro", Align::Left),
     ("ns/op then", Align::Right),
@@ -233,6 +283,10 @@ mod tests {
             {"id": "floor-pgbench", "title": "floor: pgbench, same transaction", "status": "ok", "ratio": 0.55},
             {"id": "gateway-redis", "title": "gateway, Redis", "status": "ok", "ratio": 0.12},
             {"id": "peer-proxy", "title": "peer proxy, Redis", "status": "skipped", "ratio": null}
+        ],
+        "instructions": [
+            {"id": "proxy-redis", "per_request": 211000.0},
+            {"id": "plain-proxy", "per_request": 122000.0}
         ]
     }"#;
 
@@ -245,6 +299,10 @@ mod tests {
             {"id": "floor-pgbench", "title": "floor: pgbench, same transaction", "status": "ok", "ratio": 0.61, "db_latency_ms": 0.0},
             {"id": "floor-pgbench", "title": "floor: pgbench, same transaction", "status": "ok", "ratio": 0.93, "db_latency_ms": 1.0},
             {"id": "peer-proxy", "title": "peer proxy, Redis", "status": "ok", "ratio": 1.2, "db_latency_ms": 0.0}
+        ],
+        "instructions": [
+            {"id": "proxy-redis", "per_request": 158250.0},
+            {"id": "plain-proxy"}
         ]
     }"#;
 
@@ -260,6 +318,10 @@ floor: pgbench, same transaction           0.55×  0.61×  +0.06 (+11%)
 floor: pgbench, same transaction @ 1 ms        -  0.93×  not in old.json
 peer proxy, Redis                        skipped  1.20×
 gateway, Redis                             0.12×      -  not in this run
+
+instructions  per request then     now  now/then
+proxy-redis             211000  158250     0.75×
+plain-proxy             122000       -
 
 micro            ns/op then  ns/op now         now/then  MiB/s then → now
 fingerprint-64k      812749     162500            0.20×  77 → 384

@@ -23,8 +23,13 @@
 //! against `idempotent-proxy-server`; idem's layer against `express-idempotency`. The peers are
 //! installed into `$HOME/.cache/idem-bench-peers` on first use; a row whose dependency is
 //! missing says so and is skipped. The core's micro-benchmarks are timed too (and run under
-//! criterion with `cargo bench -p idem-bench`). Last, the peak resident set of `idem serve`
-//! (in a process of its own) with 256 connections open under load.
+//! criterion with `cargo bench -p idem-bench`). Instructions per request through `idem proxy`
+//! on Redis and through a plain hyper proxy are counted under callgrind (valgrind), the one
+//! figure the neighbours' load does not move. Last, the peak resident set of `idem serve` (in
+//! a process of its own) with 256 connections open under load.
+//!
+//! Each row with a target says whether it met it and how far it is from it: `≥ 0.85× MISSED
+//! -23%` is 23% short of the ratio, `met +10%` 10% past it.
 //!
 //! Two groups are opt-in, run only when `--only` names them: `growth-postgres` and
 //! `growth-sqlite` fill key tables with millions of records (`--growth-records`) and compare
@@ -55,6 +60,7 @@ use tokio::runtime::Handle;
 mod child;
 pub mod compare;
 mod cpu;
+pub mod instructions;
 mod load;
 pub mod memory;
 pub mod micro;
@@ -304,6 +310,7 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
         settings: settings.reported(),
         machine: report::Machine::read(),
         micro: Vec::new(),
+        instructions: Vec::new(),
         rows: Vec::new(),
         key_tables: Vec::new(),
         memory: None,
@@ -334,6 +341,7 @@ fn measure(settings: Settings) -> anyhow::Result<Report> {
         match group {
             Group::Memory => report.memory = Some(measure_memory(&main, &env)?),
             Group::Micro => report.micro = time_micro(&env),
+            Group::Instructions => report.instructions = count_instructions(&env),
             _ => {
                 for &latency_ms in group.db_latencies_ms(&env.settings) {
                     let result = main.block_on(runner::run_group(&env, *group, latency_ms));
@@ -385,6 +393,17 @@ fn measure_memory(
     env.progress
         .inc(runner::planned_ms(Group::Memory, &env.settings));
     Ok(result)
+}
+
+/// Instructions per request under callgrind, in child processes (about a minute).
+fn count_instructions(env: &workloads::Env) -> Vec<instructions::InstructionsResult> {
+    env.progress
+        .set_message("instructions per request under callgrind");
+    let requests = if env.settings.quick { 100 } else { 2_000 };
+    let counted = instructions::measure(&env.settings.redis_url, &env.tag, requests);
+    env.progress
+        .inc(runner::planned_ms(Group::Instructions, &env.settings));
+    counted
 }
 
 /// The core's micro-benchmarks, each timed for a short budget.

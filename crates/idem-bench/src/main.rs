@@ -13,6 +13,19 @@ fn main() -> ExitCode {
     {
         return idem();
     }
+    let args: Vec<String> = std::env::args().collect();
+    if args
+        .get(1)
+        .is_some_and(|a| a == idem_bench::instructions::AS_CHILD)
+    {
+        return match idem_bench::instructions::child(&args[2..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("idem-bench {}: {e:#}", idem_bench::instructions::AS_CHILD);
+                ExitCode::from(2)
+            }
+        };
+    }
     match idem_bench::run(idem_bench::Args::parse()) {
         Ok(code) => code,
         Err(e) => {

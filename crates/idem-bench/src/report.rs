@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::instructions::InstructionsResult;
 use crate::memory::MemoryResult;
 use crate::micro::MicroResult;
 use crate::runner::{Row, Status};
@@ -20,6 +21,9 @@ pub struct Report {
     pub machine: Machine,
     /// The core's micro-benchmarks.
     pub micro: Vec<MicroResult>,
+    /// Instructions per request under callgrind.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub instructions: Vec<InstructionsResult>,
     /// The HTTP workloads.
     pub rows: Vec<Row>,
     /// The key tables the growth groups filled, and their sizes.
@@ -140,6 +144,41 @@ fn micro_row(m: &MicroResult) -> Vec<String> {
     ]
 }
 
+/// The instruction counts' table: its columns, then a row per count.
+const INSTRUCTIONS_COLUMNS: [(&str, Align); 5] = [
+    ("instructions", Align::Left),
+    ("what", Align::Left),
+    ("requests", Align::Right),
+    ("per request", Align::Right),
+    ("target", Align::Left),
+];
+
+fn instructions_row(i: &InstructionsResult) -> Vec<String> {
+    let target = match (i.target, i.per_request) {
+        (Some(target), Some(count)) => format!(
+            "≤ {target} {} {:+.0}%",
+            if count <= target as f64 {
+                "met"
+            } else {
+                "MISSED"
+            },
+            (count / target as f64 - 1.0) * 100.0
+        ),
+        (Some(target), None) => format!("≤ {target}"),
+        (None, _) => String::new(),
+    };
+    vec![
+        i.id.to_owned(),
+        i.title.to_owned(),
+        i.requests.to_string(),
+        i.per_request.map_or_else(
+            || format!("skipped: {}", i.reason.as_deref().unwrap_or("")),
+            |n| format!("{n:.0}"),
+        ),
+        target,
+    ]
+}
+
 /// The workloads' table: its columns, then [`table_row`] per row.
 const ROW_COLUMNS: [(&str, Align); 11] = [
     ("row", Align::Left),
@@ -162,6 +201,11 @@ impl Report {
         if !self.micro.is_empty() {
             let rows: Vec<Vec<String>> = self.micro.iter().map(micro_row).collect();
             out.push_str(&columns(&MICRO_COLUMNS, &rows));
+            out.push('\n');
+        }
+        if !self.instructions.is_empty() {
+            let rows: Vec<Vec<String>> = self.instructions.iter().map(instructions_row).collect();
+            out.push_str(&columns(&INSTRUCTIONS_COLUMNS, &rows));
             out.push('\n');
         }
         if !self.rows.is_empty() {
@@ -286,16 +330,22 @@ impl Report {
     /// The rows that missed their targets, if any did.
     fn missed(&self) -> String {
         let missed: Vec<String> = self
-            .rows
+            .instructions
             .iter()
-            .filter(|r| r.met == Some(false))
-            .map(|r| row_label(r.id, r.db_latency_ms))
+            .filter(|i| i.met() == Some(false))
+            .map(|i| format!("instructions {}", i.id))
+            .chain(
+                self.rows
+                    .iter()
+                    .filter(|r| r.met == Some(false))
+                    .map(|r| row_label(r.id, r.db_latency_ms)),
+            )
             .collect();
         if missed.is_empty() {
             return String::new();
         }
         format!(
-            "\ntargets missed: {}. README.md, section Performance, says where the time goes.\n",
+            "\ntargets missed: {}. docs/performance.md says where the time goes.\n",
             missed.join(", ")
         )
     }
@@ -378,12 +428,10 @@ fn table_row(r: &Row) -> Vec<String> {
             .map_or_else(|| "-".to_owned(), |s| s.label.clone())
     };
     let (a, b) = (r.a.as_ref(), r.b.as_ref());
-    let target = match (r.target, r.met, r.status) {
-        (Some(t), Some(met), _) => {
-            format!("{} {}", t.describe(), if met { "met" } else { "MISSED" })
-        }
-        (Some(t), None, _) => t.describe(),
-        (None, _, _) => String::new(),
+    let target = match (r.target, r.ratio) {
+        (Some(t), Some(ratio)) => t.verdict(ratio, r.added_p50_ms),
+        (Some(t), None) => t.describe(),
+        (None, _) => String::new(),
     };
     vec![
         row_label(r.title, r.db_latency_ms),
@@ -411,6 +459,33 @@ fn table_row(r: &Row) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workloads::Target;
+
+    #[test]
+    fn a_target_says_whether_it_is_met_and_how_far_the_row_is_from_it() {
+        let ratio = Target {
+            ratio: 0.85,
+            ahead: false,
+            from_db_latency_ms: 0.0,
+            max_added_p50_ms: None,
+        };
+        assert_eq!(ratio.verdict(0.6545, None), "≥ 0.85× MISSED -23%");
+        assert_eq!(ratio.verdict(0.935, None), "≥ 0.85× met +10%");
+        let latency = Target {
+            ratio: 0.92,
+            max_added_p50_ms: Some(0.7),
+            ..ratio
+        };
+        assert_eq!(
+            latency.verdict(0.95, Some(0.9)),
+            "≥ 0.92×, ≤ +0.7 ms p50 MISSED +3%, +0.20 ms",
+            "the ratio is met, the latency is not"
+        );
+        assert_eq!(
+            latency.verdict(0.93, Some(0.5)),
+            "≥ 0.92×, ≤ +0.7 ms p50 met +1%, -0.20 ms"
+        );
+    }
 
     #[test]
     fn columns_align_wide_characters() {

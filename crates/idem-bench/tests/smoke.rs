@@ -80,3 +80,29 @@ fn quick_run_of_the_self_contained_workloads() {
     positive(&memory["throughput"], "memory throughput");
     assert_eq!(memory["errors"], 0);
 }
+
+/// The instruction counts run their children under callgrind (valgrind, which the test
+/// command installs, and Redis) and report a count per request for both proxies; the gateway
+/// does everything the plain proxy does and more, so it must count more.
+#[test]
+fn quick_count_of_instructions_per_request() {
+    let (report, _) = run_bench(&["--quick", "--only", "instructions"]);
+    let counts = report["instructions"]
+        .as_array()
+        .expect("instruction counts");
+    let count = |id: &str| {
+        let found = counts
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("no count {id}: {counts:?}"));
+        assert_eq!(found["requests"], 100, "{id}");
+        positive(&found["per_request"], &format!("{id} per_request: {found}"))
+    };
+    let (gateway, plain) = (count("proxy-redis"), count("plain-proxy"));
+    assert!(
+        gateway > plain,
+        "idem proxy counted {gateway} instructions a request, the plain proxy {plain}"
+    );
+    let target = counts.iter().find(|c| c["id"] == "proxy-redis").unwrap();
+    assert_eq!(target["target"], 160_000);
+}
