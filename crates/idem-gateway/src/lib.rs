@@ -272,7 +272,10 @@ pub fn router<St: Store>(store: St, config: GatewayConfig) -> Router {
     let signal = config.outcome_signal.clone();
     // Every route's layer is a clone of this one, so that they share its sweeper: one for the
     // store, however many routes.
-    let base = IdempotencyLayer::leased(store).with_clock(config.clock.clone());
+    // The upstream gets the key as `forwarding` says, never the layer's downstream key.
+    let base = IdempotencyLayer::leased(store)
+        .with_clock(config.clock.clone())
+        .without_downstream_key();
     let base = match config.sweep_every {
         Some(every) => base.with_sweep_every(every),
         None => base.without_sweeper(),

@@ -270,6 +270,14 @@ pub trait TransactionalStore: Store {
         false
     }
 
+    /// Where the work from a claim to its commit runs best, when not on the runtime of the
+    /// request: for a store with one writer, the writer's own thread, so that a request
+    /// holding the writer is not queued behind other requests' work. `None` (the default):
+    /// where the request runs.
+    fn transaction_runtime(&self) -> Option<tokio::runtime::Handle> {
+        None
+    }
+
     /// Opens a transaction and claims the key inside it. A concurrent claim of the same key
     /// is waited for up to `wait`: then its committed record is returned, or, if it rolled
     /// back, the key is claimed.

@@ -431,6 +431,15 @@ impl<St: Store> IdempotencyLayer<LeaseMode<St>> {
         self
     }
 
+    /// Leaves the [`DownstreamKey`](idem_core::DownstreamKey) out of the work's request: for
+    /// work that never passes one on (a proxy that forwards a key of its own), which then
+    /// saves a SHA-256 per request. The [`Downstream`](crate::Downstream) extractor refuses
+    /// such a request with `500`, naming what is missing.
+    pub fn without_downstream_key(mut self) -> Self {
+        self.mode.downstream_key = false;
+        self
+    }
+
     /// Tells the layer that a reconciler resolves records whose outcome is unknown, on
     /// `schedule`. When a handler returns [`Outcome::Unknown`], its calls are over, so the
     /// layer ends the record's lease at once and asks for a pass instead of letting the lease
@@ -548,26 +557,31 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let layer = self.layer.clone();
         let span = telemetry::request_span(layer.mode.name(), grpc);
-        ResponseFuture::guarded(Box::pin(telemetry::in_request_span(span, async move {
-            let (link, errors) = (layer.policy_link.clone(), layer.errors);
-            let mut response = guard(layer, inner, request, grpc).await?;
-            let Some(Refused { problem, kind }) = response.extensions().get::<Refused>().cloned()
-            else {
-                return Ok(response);
-            };
-            if grpc {
-                return Ok(grpc::refusal(response, &problem, kind));
-            }
-            if let Some(link) = link
-                && matches!(response.status().as_u16(), 400 | 409 | 422)
-            {
-                response.headers_mut().append(http::header::LINK, link);
-            }
-            if errors != ErrorDialect::Problem {
-                *response.body_mut() = ResponseBody::from(Bytes::from(problem.to_json_in(errors)));
-            }
-            Ok(response)
-        })))
+        ResponseFuture::guarded(telemetry::in_request_span(
+            span,
+            Box::pin(async move {
+                let (link, errors) = (layer.policy_link.clone(), layer.errors);
+                let mut response = guard(layer, inner, request, grpc).await?;
+                let Some(Refused { problem, kind }) =
+                    response.extensions().get::<Refused>().cloned()
+                else {
+                    return Ok(response);
+                };
+                if grpc {
+                    return Ok(grpc::refusal(response, &problem, kind));
+                }
+                if let Some(link) = link
+                    && matches!(response.status().as_u16(), 400 | 409 | 422)
+                {
+                    response.headers_mut().append(http::header::LINK, link);
+                }
+                if errors != ErrorDialect::Problem {
+                    *response.body_mut() =
+                        ResponseBody::from(Bytes::from(problem.to_json_in(errors)));
+                }
+                Ok(response)
+            }),
+        ))
     }
 }
 
@@ -634,7 +648,23 @@ where
     // From the claim to the stored outcome the work runs to its end: a client that hangs up
     // drops this future, and the section goes on in a task of its own, so the record is never
     // left half-written.
-    match Section::new(telemetry::in_section(layer.mode.run(claim, inner, request))).await {
+    let runtime = layer.mode.section_runtime();
+    let section = telemetry::in_section(Box::pin(layer.mode.run(claim, inner, request)));
+    let ran = match runtime {
+        // A spawned task runs to its end whether or not its handle is awaited.
+        Some(runtime) => match runtime.spawn(section).await {
+            Ok(result) => Ok(result),
+            Err(e) if e.is_panic() => Err(Panicked),
+            // The store's runtime stopped with the work unfinished: nothing of it committed.
+            Err(_cancelled) => {
+                return Ok(Refusal::StoreUnavailable.refuse(
+                    "the store stopped before the request's work ended; nothing was committed; retry with the same key",
+                ));
+            }
+        },
+        None => Section::new(section).await,
+    };
+    match ran {
         Ok(result) => result,
         // The handler's own panics are answered inside the section, where the claim can be
         // let go; this is one in the layer's own steps.

@@ -50,6 +50,12 @@ pub(crate) mod sealed {
         /// store: lease mode's outcome listener, started by the layer's first request.
         fn ready(&self) -> impl Future<Output = idem_store::Result<()>> + Send;
 
+        /// Where [`run`](Self::run) runs when not in the request's task: the store's
+        /// [`transaction_runtime`](idem_store::TransactionalStore::transaction_runtime).
+        fn section_runtime(&self) -> Option<tokio::runtime::Handle> {
+            None
+        }
+
         /// Claims the key, runs `inner`, and stores the outcome. Runs in its own task.
         fn run<S, ReqBody, ResBody>(
             self,
@@ -86,6 +92,8 @@ pub struct LeaseMode<St> {
     // allocate (Redis's holds its clients and key names).
     store: Arc<St>,
     pub(crate) take_over: bool,
+    /// Whether the work gets a [`DownstreamKey`](idem_core::DownstreamKey) in its extensions.
+    pub(crate) downstream_key: bool,
     pub(crate) wait: Option<OutcomeWait>,
     pub(crate) reconciliation: Option<Reconciliation>,
 }
@@ -116,6 +124,7 @@ impl<St: Store> LeaseMode<St> {
         Self {
             store: Arc::new(store),
             take_over: true,
+            downstream_key: true,
             wait: None,
             reconciliation: None,
         }
@@ -145,6 +154,10 @@ impl<St: TransactionalStore> sealed::Run for TransactionMode<St> {
 
     async fn ready(&self) -> idem_store::Result<()> {
         Ok(())
+    }
+
+    fn section_runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.0.transaction_runtime()
     }
 
     async fn run<S, ReqBody, ResBody>(
@@ -308,8 +321,10 @@ impl<St: Store> sealed::Run for LeaseMode<St> {
     {
         request.extensions_mut().insert(claim.scope().clone());
         // What the work passes downstream so the downstream can dedupe too (§3.2).
-        let downstream = idem_core::DownstreamKey::new(claim.scope(), claim.fingerprint());
-        request.extensions_mut().insert(downstream);
+        if self.downstream_key {
+            let downstream = idem_core::DownstreamKey::new(claim.scope(), claim.fingerprint());
+            request.extensions_mut().insert(downstream);
+        }
         claim.new_claim.take_over_expired_lease = self.take_over;
         if let ControlFlow::Break(answer) = self.claim_or_wait(&mut claim).await {
             return Ok(answer);

@@ -6,6 +6,8 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::telemetry::Boxed;
+
 /// The section of a request from the claim to the stored outcome. It is polled inside the
 /// request's own future, with no task of its own while the client waits; if the request's
 /// future is dropped first (the client hung up), the section is handed to a task of its own to
@@ -16,34 +18,23 @@ use std::task::{Context, Poll};
 /// of an idle worker thread to steal it; handing off on drop keeps the guarantee for the rare
 /// request whose client leaves. A panic inside the section is caught, as a spawned task's
 /// would be, and answered by the caller.
-pub(crate) struct Section<F: Future + Send + 'static>
-where
-    F::Output: Send + 'static,
-{
+pub(crate) struct Section<T: Send + 'static> {
     /// `None` once the section ended (or panicked): nothing is left to finish.
-    work: Option<Pin<Box<F>>>,
+    work: Option<Boxed<'static, T>>,
 }
 
 /// The section panicked; its message went to the panic hook.
 #[derive(Debug)]
 pub(crate) struct Panicked;
 
-impl<F: Future + Send + 'static> Section<F>
-where
-    F::Output: Send + 'static,
-{
-    pub(crate) fn new(work: F) -> Self {
-        Self {
-            work: Some(Box::pin(work)),
-        }
+impl<T: Send + 'static> Section<T> {
+    pub(crate) fn new(work: Boxed<'static, T>) -> Self {
+        Self { work: Some(work) }
     }
 }
 
-impl<F: Future + Send + 'static> Future for Section<F>
-where
-    F::Output: Send + 'static,
-{
-    type Output = Result<F::Output, Panicked>;
+impl<T: Send + 'static> Future for Section<T> {
+    type Output = Result<T, Panicked>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let Some(work) = self.work.as_mut() else {
@@ -65,10 +56,7 @@ where
     }
 }
 
-impl<F: Future + Send + 'static> Drop for Section<F>
-where
-    F::Output: Send + 'static,
-{
+impl<T: Send + 'static> Drop for Section<T> {
     fn drop(&mut self) {
         let Some(work) = self.work.take() else {
             return;
@@ -107,16 +95,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_section_ends_with_its_output() {
-        assert_eq!(Section::new(async { 7 }).await.unwrap(), 7);
+        assert_eq!(Section::new(Box::pin(async { 7 })).await.unwrap(), 7);
     }
 
     #[tokio::test]
     async fn a_panic_in_a_section_is_its_answer() {
-        let answer = Section::new(async {
+        let answer = Section::new(Box::pin(async {
             panic!("the handler failed");
             #[allow(unreachable_code)]
             ()
-        })
+        }))
         .await;
         assert!(answer.is_err());
     }
@@ -128,11 +116,11 @@ mod tests {
         let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
         let finished = Arc::new(AtomicBool::new(false));
         let flag = finished.clone();
-        let mut section = Box::pin(Section::new(async move {
+        let mut section = Box::pin(Section::new(Box::pin(async move {
             released.await.unwrap();
             flag.store(true, Ordering::SeqCst);
             done_tx.send(()).unwrap();
-        }));
+        })));
         // Started, then abandoned while it waits, as a request whose client hung up.
         assert!(futures_poll_once(section.as_mut()).await.is_pending());
         drop(section);

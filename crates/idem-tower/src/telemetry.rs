@@ -17,6 +17,7 @@
 //! to the store. With no subscriber interested, a span costs a check of its callsite.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use tracing::{Instrument, Span, field};
@@ -65,24 +66,32 @@ pub(crate) fn request_span(mode: &'static str, grpc: bool) -> Span {
     )
 }
 
+/// A future boxed once, where it is made: the request's and the section's futures are several
+/// KiB, and each wrapper around an unboxed future copied all of it again.
+pub(crate) type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// Runs `request` (a covered request's future) in `span`, with the span reachable from the
-/// counting points.
-pub(crate) fn in_request_span<F: Future>(
-    span: Span,
-    request: F,
-) -> impl Future<Output = F::Output> {
-    let trace = (!span.is_disabled()).then(|| RequestTrace {
+/// counting points. With no subscriber interested in the span, `request` as it is.
+pub(crate) fn in_request_span<'a, T: 'a>(span: Span, request: Boxed<'a, T>) -> Boxed<'a, T> {
+    if span.is_disabled() {
+        return request;
+    }
+    let trace = RequestTrace {
         span: span.clone(),
         outcome: Arc::new(Mutex::new(Recorded::Nothing)),
-    });
-    REQUEST.scope(trace, request.instrument(span))
+    };
+    Box::pin(REQUEST.scope(Some(trace), request.instrument(span)))
 }
 
 /// Carries the request's span over to its section, which may finish in a task of its own.
-pub(crate) fn in_section<F: Future>(work: F) -> impl Future<Output = F::Output> {
-    let trace = REQUEST.try_with(Clone::clone).ok().flatten();
-    let span = trace.as_ref().map_or_else(Span::none, |t| t.span.clone());
-    REQUEST.scope(trace, work.instrument(span))
+pub(crate) fn in_section<'a, T: 'a>(work: Boxed<'a, T>) -> Boxed<'a, T> {
+    match REQUEST.try_with(Clone::clone).ok().flatten() {
+        Some(trace) => {
+            let span = trace.span.clone();
+            Box::pin(REQUEST.scope(Some(trace), work.instrument(span)))
+        }
+        None => work,
+    }
 }
 
 /// Records the request's outcome (an `idem_requests_total` label) on its span: the first one

@@ -1308,7 +1308,7 @@ async fn downstream_handler(Downstream(key): Downstream) -> String {
 
 /// A lease-mode handler takes the request's downstream key in one line (`Downstream`): the
 /// same key for the request's replay, derived from its scope and fingerprint. Outside lease
-/// mode the extractor refuses with `500 no-downstream-key`.
+/// mode, or with `without_downstream_key`, the extractor refuses with `500 no-downstream-key`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handler_extracts_the_downstream_key_in_lease_mode_only() {
     let leased = Router::new()
@@ -1342,4 +1342,50 @@ async fn a_handler_extracts_the_downstream_key_in_lease_mode_only() {
     assert_eq!(status, 500);
     let problem: serde_json::Value = serde_json::from_slice(&refused).unwrap();
     assert_eq!(problem["type"], "urn:idem:problem:no-downstream-key");
+
+    // A lease-mode layer told to leave it out (a proxy forwarding a key of its own).
+    let (store, _dir) = sqlite_store().await;
+    let without = Router::new()
+        .route("/work", routing::post(downstream_handler))
+        .layer(IdempotencyLayer::leased(store).without_downstream_key());
+    let url = serve(without).await;
+    let (status, _, refused) = spawn_post(&url, "downstream-03", body).await.unwrap();
+    assert_eq!(status, 500);
+    let problem: serde_json::Value = serde_json::from_slice(&refused).unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:no-downstream-key");
+}
+
+/// The thread a handler runs on, as its body.
+async fn thread_name() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .to_owned()
+}
+
+/// On SQLite, transaction mode runs the work from the claim to the commit on the writer's own
+/// thread (what the guide's "Transaction mode" says a handler can rely on); lease mode runs it
+/// where the request runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_a_transaction_mode_handler_runs_on_the_writer_s_thread() {
+    let (store, _dir) = sqlite_store().await;
+    let routes = Router::new().route("/work", routing::post(thread_name));
+    let transactional = serve(
+        routes
+            .clone()
+            .layer(IdempotencyLayer::transactional(store.clone())),
+    )
+    .await;
+    let (status, replay, body) = spawn_post(&transactional, "thread-01", "{}").await.unwrap();
+    assert_eq!((status, replay), (200, false));
+    assert_eq!(body, "idem-sqlite-w");
+    // The replay comes from the stored response, whichever thread answers it.
+    let (_, replay, again) = spawn_post(&transactional, "thread-01", "{}").await.unwrap();
+    assert!(replay);
+    assert_eq!(again, body);
+
+    let leased = serve(routes.layer(IdempotencyLayer::leased(store))).await;
+    let (status, _, body) = spawn_post(&leased, "thread-02", "{}").await.unwrap();
+    assert_eq!(status, 200);
+    assert_ne!(body, "idem-sqlite-w");
 }

@@ -69,6 +69,8 @@ struct Returned {
 #[derive(Debug, Clone)]
 pub(super) struct GroupCommitter {
     turns: mpsc::UnboundedSender<Turn>,
+    /// The runtime on the writer's thread, where the committer runs.
+    runtime: tokio::runtime::Handle,
     /// Whether the committer is still getting the writer for its next group (the pool's one
     /// connection, then `BEGIN IMMEDIATE`): a turn that waits then waits on the database, not
     /// on another request.
@@ -79,11 +81,28 @@ impl GroupCommitter {
     /// Starts the committer on the writer `pool` (a pool of one connection, which the
     /// committer takes only while a group is open, so the store's other writers get it
     /// between groups).
-    pub(super) fn spawn(pool: SqlitePool) -> Self {
+    pub(super) fn spawn(pool: SqlitePool) -> std::io::Result<Self> {
         let (turns, waiting) = mpsc::unbounded_channel();
         let opening = Arc::new(AtomicBool::new(false));
-        tokio::spawn(commit_groups(pool, waiting, opening.clone()));
-        Self { turns, opening }
+        // The sections that run here may do I/O of their own (a handler's HTTP call).
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let committer = commit_groups(pool, waiting, opening.clone());
+        std::thread::Builder::new()
+            .name("idem-sqlite-w".into())
+            .spawn(move || runtime.block_on(committer))?;
+        Ok(Self {
+            turns,
+            opening,
+            runtime: handle,
+        })
+    }
+
+    /// The runtime on the writer's thread.
+    pub(super) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.runtime
     }
 
     /// Whether the writer is held up by the database (another process's lock, the pool's

@@ -144,7 +144,8 @@ impl SqliteStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
-        let committer = GroupCommitter::spawn(writer.clone());
+        let committer =
+            GroupCommitter::spawn(writer.clone()).map_err(|e| Error::Unavailable(Box::new(e)))?;
         Ok(Self {
             writer,
             readers,
@@ -346,6 +347,10 @@ impl Store for SqliteStore {
 
 impl TransactionalStore for SqliteStore {
     type Tx = SqliteTx;
+
+    fn transaction_runtime(&self) -> Option<tokio::runtime::Handle> {
+        Some(self.committer.runtime().clone())
+    }
 
     async fn begin_claim(&self, claim: &NewClaim, wait: Duration) -> Result<TxClaim<SqliteTx>> {
         // A concurrent claim of this key holds the writer until its turn ends, so waiting
