@@ -331,6 +331,20 @@ const SERVE_SQLITE: &[Comparison] = &[
         "replay",
         at_least(3.0),
     ),
+    Comparison::new(
+        "layer-sqlite-claim-first",
+        "same writer, claiming first",
+        "bare-grouped",
+        "claim-first",
+        None,
+    ),
+    Comparison::new(
+        "replays-sqlite-claim-first",
+        "replays, SQLite, claiming first",
+        "claim-first",
+        "claim-first-replay",
+        None,
+    ),
 ];
 
 const SERVE_POSTGRES: &[Comparison] = &[
@@ -662,6 +676,19 @@ async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
     let bare = servers::bare_payments(&env.runtimes.subject, &url, pool).await?;
     let fresh = payment_post(&idem.url("/payments"));
     let replay = replay_variant(env, &fresh, "replay", "idem serve, replays").await;
+    // Claiming first: no read on a reader before each claim, every replay a turn at the writer.
+    let mut config = idem_cli::serve::ServeConfig::new(url.clone());
+    config.db_pool_size = pool;
+    config.replay_read = Some(false);
+    let claim_first = servers::idem_serve_with(&env.runtimes.subject, config).await?;
+    let claim_first_fresh = payment_post(&claim_first.url("/payments"));
+    let claim_first_replay = replay_variant(
+        env,
+        &claim_first_fresh,
+        "claim-first-replay",
+        "idem serve --no-replay-read, replays",
+    )
+    .await;
     prepared.variants = vec![
         bare_variant(&bare),
         ready(
@@ -671,8 +698,14 @@ async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
         ),
         ready("idem", "idem serve", fresh),
         entry("replay", replay),
+        ready(
+            "claim-first",
+            "idem serve --no-replay-read",
+            claim_first_fresh,
+        ),
+        entry("claim-first-replay", claim_first_replay),
     ];
-    prepared.teardown.servers.extend([idem, bare]);
+    prepared.teardown.servers.extend([idem, bare, claim_first]);
     Ok(prepared)
 }
 
