@@ -65,12 +65,17 @@ macro_rules! suite {
 
         /// What the count query `sql` answers.
         async fn count(pool: &Pool<$db>, sql: &'static str) -> i64 {
-            // Unnamed, as every statement that may go through a pooler.
-            sqlx::query_scalar(sql)
+            // Unnamed, as every statement that may go through a pooler, and in a transaction:
+            // sqlx prepares an unnamed statement and binds it in two exchanges, which a pooler
+            // lending sessions per transaction may send to two different sessions.
+            let mut tx = pool.begin().await.unwrap();
+            let n = sqlx::query_scalar(sql)
                 .persistent(false)
-                .fetch_one(pool)
+                .fetch_one(&mut *tx)
                 .await
-                .unwrap()
+                .unwrap();
+            tx.commit().await.unwrap();
+            n
         }
 
         #[tokio::test]
