@@ -5,7 +5,6 @@
 //! current-thread runtime, one request at a time, each with a fresh key. Redis, another
 //! process, is not counted. Per request is the total over the requests sent.
 
-use std::path::Path;
 use std::process::Stdio;
 
 use anyhow::Context as _;
@@ -77,46 +76,25 @@ pub(crate) fn measure(redis_url: &str, tag: &str, requests: u64) -> Vec<Instruct
         target: case.target,
         reason: Some(reason),
     };
-    let valgrind = which("valgrind");
     CASES
         .iter()
-        .map(|case| match &valgrind {
-            None => skipped(
-                case,
-                "valgrind is not installed (apt-get install valgrind)".into(),
-            ),
-            Some(valgrind) => match count(valgrind, case, redis_url, tag, requests) {
-                Ok(total) => InstructionsResult {
-                    per_request: Some(total as f64 / requests as f64),
-                    reason: None,
-                    ..skipped(case, String::new())
-                },
-                Err(e) => skipped(case, format!("{e:#}")),
+        .map(|case| match count(case, redis_url, tag, requests) {
+            Ok(total) => InstructionsResult {
+                per_request: Some(total as f64 / requests as f64),
+                reason: None,
+                ..skipped(case, String::new())
             },
+            Err(e) => skipped(case, format!("{e:#}")),
         })
         .collect()
 }
 
-fn which(program: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|path| path.is_file())
-    })
-}
-
 /// Runs `case` in a child under callgrind; the instructions counted inside [`measured`].
-fn count(
-    valgrind: &Path,
-    case: &Case,
-    redis_url: &str,
-    tag: &str,
-    requests: u64,
-) -> anyhow::Result<u64> {
+fn count(case: &Case, redis_url: &str, tag: &str, requests: u64) -> anyhow::Result<u64> {
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("callgrind.out");
     let exe = std::env::current_exe().context("cannot find idem-bench's own binary")?;
-    let output = std::process::Command::new(valgrind)
+    let output = std::process::Command::new("valgrind")
         .arg("--tool=callgrind")
         .arg("--collect-atstart=no")
         .arg("--toggle-collect=*instructions::measured*")
@@ -125,7 +103,12 @@ fn count(
         .args([AS_CHILD, case.id, &requests.to_string(), redis_url, tag])
         .stdin(Stdio::null())
         .output()
-        .context("cannot start valgrind")?;
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                anyhow::anyhow!("valgrind is not installed (apt-get install valgrind)")
+            }
+            _ => anyhow::Error::new(e).context("cannot start valgrind"),
+        })?;
     anyhow::ensure!(
         output.status.success(),
         "the child under callgrind failed ({}): {}",

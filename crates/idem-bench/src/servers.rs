@@ -143,6 +143,20 @@ pub(crate) async fn idem_serve(
     idem_serve_with(runtime, config).await
 }
 
+/// `idem serve` on `database` reading before each claim (`--replay-read`) or claiming first
+/// (`--no-replay-read`), whatever its store's default.
+pub(crate) async fn idem_serve_replay_read(
+    runtime: &Handle,
+    database: &str,
+    pool: usize,
+    replay_read: bool,
+) -> anyhow::Result<Server> {
+    let mut config = idem_cli::serve::ServeConfig::new(database);
+    config.db_pool_size = pool;
+    config.replay_read = Some(replay_read);
+    idem_serve_with(runtime, config).await
+}
+
 /// `idem serve` with `config`.
 pub(crate) async fn idem_serve_with(
     runtime: &Handle,

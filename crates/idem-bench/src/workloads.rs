@@ -677,10 +677,8 @@ async fn serve_sqlite(env: &Env) -> anyhow::Result<Prepared> {
     let fresh = payment_post(&idem.url("/payments"));
     let replay = replay_variant(env, &fresh, "replay", "idem serve, replays").await;
     // Claiming first: no read on a reader before each claim, every replay a turn at the writer.
-    let mut config = idem_cli::serve::ServeConfig::new(url.clone());
-    config.db_pool_size = pool;
-    config.replay_read = Some(false);
-    let claim_first = servers::idem_serve_with(&env.runtimes.subject, config).await?;
+    let claim_first =
+        servers::idem_serve_replay_read(&env.runtimes.subject, &url, pool, false).await?;
     let claim_first_fresh = payment_post(&claim_first.url("/payments"));
     let claim_first_replay = replay_variant(
         env,
@@ -799,10 +797,8 @@ async fn serve_postgres(env: &Env, db_latency_ms: f64) -> anyhow::Result<Prepare
     ];
     prepared.teardown.servers.extend([idem, bare]);
     if read_first {
-        let mut config = idem_cli::serve::ServeConfig::new(url.clone());
-        config.db_pool_size = pool;
-        config.replay_read = Some(true);
-        let server = servers::idem_serve_with(&env.runtimes.subject, config).await?;
+        let server =
+            servers::idem_serve_replay_read(&env.runtimes.subject, &url, pool, true).await?;
         let fresh = payment_post(&server.url("/payments"));
         let replay = replay_variant(
             env,

@@ -973,7 +973,7 @@ pin_project_lite::pin_project! {
     }
 }
 
-type Guarded<B, E> = Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
+type Guarded<B, E> = telemetry::Boxed<'static, Result<Response<ResponseBody<B>>, E>>;
 
 pin_project_lite::pin_project! {
     #[project = KindProj]

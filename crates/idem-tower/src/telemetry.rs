@@ -30,8 +30,8 @@ pub const STORE_SPAN_TARGET: &str = "idem::store";
 tokio::task_local! {
     /// The covered request being served on this task (or in its section's task, when the
     /// client hung up), so that the counting points record on its span without each being
-    /// handed it. `None` when no subscriber wants the span.
-    static REQUEST: Option<RequestTrace>;
+    /// handed it. Not set when no subscriber wants the span.
+    static REQUEST: RequestTrace;
 }
 
 /// A covered request's span, and what has been recorded on it so far.
@@ -80,17 +80,17 @@ pub(crate) fn in_request_span<'a, T: 'a>(span: Span, request: Boxed<'a, T>) -> B
         span: span.clone(),
         outcome: Arc::new(Mutex::new(Recorded::Nothing)),
     };
-    Box::pin(REQUEST.scope(Some(trace), request.instrument(span)))
+    Box::pin(REQUEST.scope(trace, request.instrument(span)))
 }
 
 /// Carries the request's span over to its section, which may finish in a task of its own.
 pub(crate) fn in_section<'a, T: 'a>(work: Boxed<'a, T>) -> Boxed<'a, T> {
-    match REQUEST.try_with(Clone::clone).ok().flatten() {
-        Some(trace) => {
+    match REQUEST.try_with(Clone::clone) {
+        Ok(trace) => {
             let span = trace.span.clone();
-            Box::pin(REQUEST.scope(Some(trace), work.instrument(span)))
+            Box::pin(REQUEST.scope(trace, work.instrument(span)))
         }
-        None => work,
+        Err(_unset) => work,
     }
 }
 
@@ -99,7 +99,6 @@ pub(crate) fn in_section<'a, T: 'a>(work: Boxed<'a, T>) -> Boxed<'a, T> {
 /// `idempotency.after_wait`.
 pub(crate) fn record_outcome(label: &'static str) {
     let _ = REQUEST.try_with(|trace| {
-        let Some(trace) = trace else { return };
         let mut recorded = trace.outcome.lock().unwrap_or_else(|e| e.into_inner());
         match *recorded {
             Recorded::Nothing => {
@@ -122,10 +121,8 @@ pub(crate) fn record_outcome(label: &'static str) {
 /// Records the key's hash on the request's span, computed only when a subscriber wants it.
 pub(crate) fn record_key(scope: &idem_core::Scope) {
     let _ = REQUEST.try_with(|trace| {
-        if let Some(trace) = trace {
-            let hash = scope.log_label();
-            trace.span.record("idempotency.key_hash", hash.as_str());
-        }
+        let hash = scope.log_label();
+        trace.span.record("idempotency.key_hash", hash.as_str());
     });
 }
 
